@@ -1,0 +1,1 @@
+"""The bundled demo model: synthetic world, training recipe and shipped weights."""

@@ -1,0 +1,1 @@
+"""Model-agnostic core: debiasing math, label scoring, attention capture, runner, batcher."""

@@ -1,0 +1,1 @@
+"""Evaluation core (DESIGN §2.7): orderings, accuracy, RStd, consistency, confusion."""

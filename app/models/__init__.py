@@ -1,0 +1,1 @@
+"""One adapter per MLLM family, a registry keyed by config ``model_type`` and a loader."""

@@ -1,0 +1,1 @@
+"""Test support shipped with the package: tiny random MLLMs with offline processors."""

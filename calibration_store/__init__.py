@@ -1,0 +1,1 @@
+"""Calibration profiles (DESIGN §2.3) and their stores: memory, local file, Redis."""
