@@ -158,7 +158,10 @@ def calibrate(url: str, examples: list[dict]) -> dict:
 
 
 def render_table(rows: list[LevelResult]) -> str:
-    head = "| config | max batch | conc. | req/s | p50 ms | p95 ms | engine ms | queue ms | (HTTP+decode)/engine |"
+    head = (
+        "| config | max batch | conc. | req/s | p50 ms | p95 ms | engine ms | queue ms "
+        "| (HTTP+decode)/engine |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         lines.append(
@@ -201,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             for concurrency in levels:
                 row = measure_level(url, name, max_batch, payloads, concurrency)
                 rows.append(row)
-                print(f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
-                      f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms", flush=True)
+                print(
+                    f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
+                    f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms",
+                    flush=True,
+                )
         finally:
             if proc is not None:
                 proc.terminate()
