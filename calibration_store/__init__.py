@@ -1,1 +1,41 @@
-"""Calibration profiles (DESIGN §2.3) and their stores: memory, local file, Redis."""
+"""Calibration profiles (DESIGN §2.3) and their stores: memory, local file, Redis.
+
+`open_store(url)` picks the backend; every backend implements `ProfileStore`.
+"""
+
+from calibration_store.base import (
+    DEFAULT_KEEP_VERSIONS,
+    NoPreviousVersion,
+    ProfileChange,
+    ProfileNotFound,
+    ProfileStore,
+    StoreError,
+    StoreUnavailable,
+)
+from calibration_store.factory import open_store
+from calibration_store.local import FileProfileStore, MemoryProfileStore
+from calibration_store.profile import (
+    CURRENT_SCHEMA_VERSION,
+    Fingerprint,
+    Profile,
+    ProfileKey,
+    UnknownSchemaVersion,
+)
+
+__all__ = [
+    "CURRENT_SCHEMA_VERSION",
+    "DEFAULT_KEEP_VERSIONS",
+    "FileProfileStore",
+    "Fingerprint",
+    "MemoryProfileStore",
+    "NoPreviousVersion",
+    "Profile",
+    "ProfileChange",
+    "ProfileKey",
+    "ProfileNotFound",
+    "ProfileStore",
+    "StoreError",
+    "StoreUnavailable",
+    "UnknownSchemaVersion",
+    "open_store",
+]

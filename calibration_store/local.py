@@ -1,0 +1,284 @@
+"""In-process stores: `memory://` (tests) and the embedded file store (the default).
+
+Both keep every key's kept versions in memory and serve reads from there. The
+file store also writes one JSON document per key, always to a temporary file
+first (fsync, then os.replace), so a crash leaves either the old or the new
+document, never half of one, and the store survives restarts. Writers are
+serialised by a thread lock and an advisory file lock, and every mutation
+re-reads the key's document first, so two processes sharing a directory never
+lose a version (their in-memory copies only refresh on their own writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from calibration_store.base import (
+    DEFAULT_KEEP_VERSIONS,
+    ChangeCallback,
+    ChangeNotifier,
+    NoPreviousVersion,
+    ProfileNotFound,
+    StoreUnavailable,
+    check_keep_versions,
+    sorted_keys,
+)
+from calibration_store.profile import Profile, ProfileKey
+
+log = logging.getLogger(__name__)
+
+STORE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """All kept versions of one key, the current pointer and the last allocated version."""
+
+    current: int
+    last_version: int
+    versions: dict[int, Profile] = field(default_factory=dict)
+
+
+class MemoryProfileStore:
+    """Versioned profiles in a dict; also the engine of the file store."""
+
+    backend = "memory"
+
+    def __init__(self, *, keep_versions: int = DEFAULT_KEEP_VERSIONS) -> None:
+        self.keep_versions = check_keep_versions(keep_versions)
+        self._entries: dict[ProfileKey, _Entry] = {}
+        self._lock = threading.RLock()
+        self._notifier = ChangeNotifier()
+
+    # --------------------------------------------------- persistence hooks
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def _fresh(self, key: ProfileKey) -> _Entry | None:
+        """The authoritative entry for a mutation (the file store re-reads disk)."""
+        return self._entries.get(key)
+
+    def _write(self, key: ProfileKey, entry: _Entry | None) -> None:
+        """Persist an entry (None = delete) before it becomes visible in memory."""
+
+    # ------------------------------------------------------------- reads
+    def get(self, key: ProfileKey) -> Profile | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.versions[entry.current] if entry else None
+
+    def versions(self, key: ProfileKey) -> list[int]:
+        with self._lock:
+            entry = self._entries.get(key)
+            return sorted(entry.versions) if entry else []
+
+    def get_version(self, key: ProfileKey, version: int) -> Profile | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.versions.get(version) if entry else None
+
+    def list_keys(self, model_id: str | None = None) -> list[ProfileKey]:
+        with self._lock:
+            return sorted_keys(self._entries, model_id)
+
+    # ---------------------------------------------------------- mutations
+    def put(self, profile: Profile) -> Profile:
+        key = profile.key
+        with self._exclusive():
+            old = self._fresh(key)
+            version = (old.last_version if old else 0) + 1
+            stored = profile.stored_as(version)
+            versions = {**(old.versions if old else {}), version: stored}
+            kept = sorted(versions)[-self.keep_versions :]
+            entry = _Entry(
+                current=version, last_version=version, versions={v: versions[v] for v in kept}
+            )
+            self._commit(key, entry, stored)
+        return stored
+
+    def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
+        with self._exclusive():
+            entry = self._fresh(key)
+            if entry is None:
+                raise ProfileNotFound(f"no profile {key}")
+            if to_version is None:
+                older = [v for v in entry.versions if v < entry.current]
+                if not older:
+                    raise NoPreviousVersion(
+                        f"{key}: version {entry.current} is the oldest kept version"
+                    )
+                to_version = max(older)
+            elif to_version not in entry.versions:
+                raise ProfileNotFound(
+                    f"{key}: version {to_version} is not kept (kept: {sorted(entry.versions)})"
+                )
+            target = entry.versions[to_version]
+            self._commit(key, replace(entry, current=to_version), target)
+        return target
+
+    def delete(self, key: ProfileKey) -> bool:
+        with self._exclusive():
+            if self._fresh(key) is None:
+                return False
+            self._commit(key, None, None)
+        return True
+
+    def _commit(self, key: ProfileKey, entry: _Entry | None, current: Profile | None) -> None:
+        self._write(key, entry)
+        if entry is None:
+            self._entries.pop(key, None)
+        else:
+            self._entries[key] = entry
+        self._notifier.emit(key, current)
+
+    # -------------------------------------------------------------- misc
+    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
+        return self._notifier.subscribe(callback)
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            return {"backend": self.backend, "ok": True, "profiles": len(self._entries)}
+
+    def close(self) -> None:
+        """Nothing to release; present for the protocol."""
+
+
+def _file_name(key: ProfileKey) -> str:
+    """Readable yet collision-free: model ids and label lists may hold any character."""
+    canonical = json.dumps(key.model_dump(), sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:20]
+    return f"{key.name}--n{key.n}--{digest}.json"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write-to-temp + fsync + os.replace: readers see the old or the new bytes, never a mix."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _decode_entry(data: bytes) -> tuple[ProfileKey, _Entry]:
+    doc = json.loads(data)
+    if doc.get("store_format") != STORE_FORMAT:
+        raise ValueError(f"unknown store_format {doc.get('store_format')!r}")
+    key = ProfileKey.model_validate(doc["key"])
+    versions = {p.version: p for p in map(Profile.from_dict, doc["versions"])}
+    entry = _Entry(current=int(doc["current"]), last_version=int(doc["last_version"]),
+                   versions=versions)
+    if entry.current not in versions or any(p.key != key for p in versions.values()):
+        raise ValueError("document is inconsistent (current version missing or foreign key)")
+    return key, entry
+
+
+def _encode_entry(key: ProfileKey, entry: _Entry) -> bytes:
+    doc = {
+        "store_format": STORE_FORMAT,
+        "key": key.model_dump(),
+        "current": entry.current,
+        "last_version": entry.last_version,
+        "versions": [entry.versions[v].to_dict() for v in sorted(entry.versions)],
+    }
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+class FileProfileStore(MemoryProfileStore):
+    """The embedded default: one JSON document per key under `root`, atomically replaced."""
+
+    backend = "file"
+
+    def __init__(self, root: str | os.PathLike[str], *,
+                 keep_versions: int = DEFAULT_KEEP_VERSIONS) -> None:
+        super().__init__(keep_versions=keep_versions)
+        self.root = Path(root).expanduser().resolve()
+        self._errors: list[str] = []
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._lock_file = open(self.root / ".lock", "a+b")  # noqa: SIM115 (held until close)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open profile directory {self.root}: {exc}") from exc
+        with self._exclusive():
+            self._load_all()
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self._lock:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+
+    def _load_all(self) -> None:
+        """Read every document; leftovers of crashed writes are removed, bad files reported."""
+        for tmp in self.root.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                key, entry = _decode_entry(path.read_bytes())
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                msg = f"{path.name}: {exc}"
+                log.warning("skipping unreadable profile document %s", msg)
+                self._errors.append(msg)
+                continue
+            self._entries[key] = entry
+
+    def _fresh(self, key: ProfileKey) -> _Entry | None:
+        path = self.root / _file_name(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read {path}: {exc}") from exc
+        return _decode_entry(data)[1]
+
+    def _write(self, key: ProfileKey, entry: _Entry | None) -> None:
+        path = self.root / _file_name(key)
+        try:
+            if entry is None:
+                path.unlink(missing_ok=True)
+                _fsync_dir(self.root)
+            else:
+                atomic_write(path, _encode_entry(key, entry))
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot write {path}: {exc}") from exc
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            return {"backend": self.backend, "ok": True, "profiles": len(self._entries),
+                    "path": str(self.root), "errors": list(self._errors)}
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._lock_file.closed:
+                self._lock_file.close()
