@@ -1,0 +1,175 @@
+"""Capture of the last prompt row of post-softmax attention inside the SDPA path (DESIGN §2.2).
+
+The text model runs under an attention implementation registered with
+transformers' ``AttentionInterface`` as ``"lad_capture"``. It delegates every
+call to transformers' own SDPA function (so outputs are bit-identical to
+``"sdpa"``) and, only while a :func:`capture` context is active and only for the
+layers in Λ, also computes one extra row
+
+    A^(l,h)[t_q -> :] = softmax(q_{t_q} · Kᵀ · scaling + mask[t_q, :])
+
+per head (grouped-query heads expanded by reshaping the query, not the keys),
+averaged over heads. Nothing of size T x T is materialised beyond the boolean
+mask transformers already builds, and the model is never switched to eager.
+The matching mask function is registered under the same name with
+``AttentionMaskInterface``; without it transformers would silently build no
+mask at all (padding ignored).
+
+Capture state lives in a ``ContextVar``: per forward call and per thread, and
+off by default, so the trie's cached decode steps never record anything.
+
+Public API::
+
+    CAPTURE_IMPLEMENTATION = "lad_capture"
+    register_capture() -> str                       # idempotent; returns the name
+    enable_capture(model, adapter) -> None          # text -> lad_capture, vision -> sdpa
+    default_layers(num_layers, start_fraction=0.58) -> tuple[int, ...]    # Λ
+    capture(layers) -> ContextManager[AttentionCapture]
+    AttentionCapture.rows: dict[int, Tensor (B, S)]  # head-mean attention row per layer
+    aggregate_spans(capture, layers, spans) -> list[np.ndarray (|Λ|, N_i)]   # a_k^(l)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+CAPTURE_IMPLEMENTATION = "lad_capture"
+
+
+class AttentionCapture:
+    """Rows recorded during one prompt forward: layer index -> (B, S) head-mean attention."""
+
+    def __init__(self, layers: Sequence[int]) -> None:
+        self.layers = frozenset(int(layer) for layer in layers)
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def wants(self, layer_idx: int | None) -> bool:
+        return layer_idx is not None and layer_idx in self.layers and layer_idx not in self.rows
+
+
+_ACTIVE: contextvars.ContextVar[AttentionCapture | None] = contextvars.ContextVar(
+    "lad_attention_capture", default=None
+)
+
+
+def last_row_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Post-softmax attention of the last query position, mean over heads: (B, S).
+
+    query (B, H, Q, D); key (B, H_kv, S, D); attention_mask (B, 1|H, Q, S) bool
+    (True = attend) or additive float, or None (plain causal: the last query sees
+    every key). Computed in float32.
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    # (B, H_kv, G, D) @ (B, H_kv, D, S): query heads h = kv * G + g share key head kv
+    q_last = query[:, :, -1, :].float().reshape(batch, kv_heads, groups, dim)
+    scores = torch.matmul(q_last, key.float().transpose(-1, -2)) * scale
+    scores = scores.reshape(batch, heads, kv_len)
+    if attention_mask is not None:
+        mask_row = attention_mask[:, :, -1, -kv_len:]
+        if mask_row.dtype == torch.bool:
+            scores = scores.masked_fill(~mask_row, float("-inf"))
+        else:
+            scores = scores + mask_row.float()
+    return torch.softmax(scores, dim=-1).mean(dim=1)
+
+
+def capture_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA attention, plus the t_q row for the layers in Λ while a capture is active."""
+    session = _ACTIVE.get()
+    layer_idx = getattr(module, "layer_idx", None)
+    if session is not None and session.wants(layer_idx):
+        with torch.no_grad():
+            session.rows[layer_idx] = last_row_attention(query, key, attention_mask, scaling)
+    return sdpa_attention_forward(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=is_causal,
+        **kwargs,
+    )
+
+
+def register_capture() -> str:
+    """Register the attention and mask functions under ``CAPTURE_IMPLEMENTATION`` (idempotent)."""
+    AttentionInterface.register(CAPTURE_IMPLEMENTATION, capture_attention_forward)
+    AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, sdpa_mask)
+    return CAPTURE_IMPLEMENTATION
+
+
+def enable_capture(model: torch.nn.Module, adapter: Any) -> None:
+    """Put the text model on the capture path and keep the vision tower on SDPA."""
+    register_capture()
+    model.set_attn_implementation(adapter.attn_implementation(CAPTURE_IMPLEMENTATION, "sdpa"))
+
+
+def default_layers(num_layers: int, start_fraction: float = 0.58) -> tuple[int, ...]:
+    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2)."""
+    if num_layers < 1:
+        raise ValueError("num_layers must be >= 1")
+    start = min(round(start_fraction * num_layers), num_layers - 1)
+    return tuple(range(start, num_layers))
+
+
+@contextlib.contextmanager
+def capture(layers: Sequence[int]) -> Iterator[AttentionCapture]:
+    """Record the t_q attention row of ``layers`` during the forward calls inside the block."""
+    session = AttentionCapture(layers)
+    token = _ACTIVE.set(session)
+    try:
+        yield session
+    finally:
+        _ACTIVE.reset(token)
+
+
+def aggregate_spans(
+    session: AttentionCapture,
+    layers: Sequence[int],
+    spans: Sequence[Sequence[tuple[int, int]]],
+) -> list[np.ndarray]:
+    """a_k^(l) = sum over t in R_k of the head-mean row; one (|Λ|, N_i) array per batch row."""
+    missing = [layer for layer in layers if layer not in session.rows]
+    if missing:
+        raise RuntimeError(
+            f"no attention captured for layers {missing}; is the text model on "
+            f"{CAPTURE_IMPLEMENTATION!r} attention?"
+        )
+    stacked = torch.stack([session.rows[layer] for layer in layers], dim=1)  # (B, |Λ|, S)
+    # prefix sums in float64, so a span sum is one subtraction without cancellation error
+    cumulative = torch.nn.functional.pad(stacked.double().cumsum(dim=-1), (1, 0)).cpu().numpy()
+    out: list[np.ndarray] = []
+    for row, row_spans in enumerate(spans):
+        starts = np.array([s for s, _ in row_spans], dtype=np.int64)
+        ends = np.array([e for _, e in row_spans], dtype=np.int64)
+        out.append(cumulative[row][:, ends] - cumulative[row][:, starts])
+    return out

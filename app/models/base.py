@@ -1,0 +1,240 @@
+"""The questions a model family answers, and nothing else.
+
+A *family adapter* is the only place in the code that knows how one MLLM family
+lays out a multi-image prompt. The runner, the attention capture and the label
+scoring are written against this class; adding a family is one file that
+subclasses :class:`FamilyAdapter` and registers it (``app.models.registry``).
+
+Public API (stable; other modules code against it)::
+
+    class FamilyAdapter:
+        model_types: ClassVar[tuple[str, ...]]        # config.model_type values served
+        text_config_key: ClassVar[str] = "text_config"    # sub-config of the language model
+        vision_config_key: ClassVar[str] = "vision_config"  # sub-config of the vision tower
+        image_delimiters: ClassVar[tuple[str, str] | None]  # tokens opening/closing an image
+
+        __init__(model, processor)
+        .model, .processor, .tokenizer, .config
+        messages(n_images, text) -> list[dict]        # N images first, then one text part
+        render(n_images, text) -> str                 # chat template + generation prompt
+        encode(prompts, images) -> PromptBatch        # processor call, LEFT padding
+        image_spans(input_ids, n_images) -> list[tuple[int, int]]   # R_k per row
+        num_layers() -> int                           # decoder layers L of the text model
+        end_token_id() -> int                         # end-of-turn token written after a label
+        prompt_kwargs(batch) -> dict                  # kwargs of the one prompt forward
+        last_positions(batch) -> LongTensor (B,)      # text position of the last prompt token
+        decode_position_ids(last, depth) -> LongTensor   # positions of `depth` label tokens
+        attn_implementation(text, vision) -> dict     # argument of set_attn_implementation
+        chat_template() -> str                        # for the prompt hash
+        load_processor(path, revision=None) -> processor         # classmethod, offline-safe
+        processor_from_parts(image_processor, tokenizer, chat_template)  # classmethod
+
+Token spans are half-open ``(start, end)`` indices into the *padded* row, and
+include the family's delimiter tokens (e.g. Qwen ``<|vision_start|>`` ..
+``<|vision_end|>``) so that a_k^(l) sums over everything that belongs to image k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+
+
+@dataclass
+class PromptBatch:
+    """A processed, left-padded batch: model inputs plus what the engine needs later.
+
+    ``inputs`` holds every tensor the processor produced (input_ids,
+    attention_mask, pixel values, grids ...). ``n_images`` is N_i per row.
+    ``extra`` is free for the adapter (e.g. per-row image-token counts).
+    """
+
+    inputs: dict[str, torch.Tensor]
+    n_images: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs["input_ids"]
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.inputs["attention_mask"]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PromptBatch:
+        """Move tensors to ``device``; floating tensors (pixels) also to ``dtype``."""
+        moved: dict[str, torch.Tensor] = {}
+        for key, value in self.inputs.items():
+            if not isinstance(value, torch.Tensor):
+                moved[key] = value
+            elif dtype is not None and value.is_floating_point():
+                moved[key] = value.to(device=device, dtype=dtype)
+            else:
+                moved[key] = value.to(device)
+        return PromptBatch(inputs=moved, n_images=list(self.n_images), extra=dict(self.extra))
+
+
+class FamilyAdapter:
+    """Default answers shared by HF-native MLLMs; families override what differs."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    text_config_key: ClassVar[str] = "text_config"
+    vision_config_key: ClassVar[str] = "vision_config"
+    image_delimiters: ClassVar[tuple[str, str] | None] = None
+    # token that closes the assistant turn; used after a label as its end-of-sequence
+    end_token: ClassVar[str | None] = None
+
+    def __init__(self, model: torch.nn.Module, processor: Any) -> None:
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.config = model.config
+
+    # ---- processor ---------------------------------------------------------------
+    @classmethod
+    def load_processor(cls, path: str, revision: str | None = None) -> Any:
+        """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
+        torchvision for a video processor), rebuild it from its saved parts."""
+        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+        try:
+            processor = AutoProcessor.from_pretrained(path, revision=revision)
+        except Exception:  # any failure here has the parts-based fallback below
+            processor = None
+        if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
+            return processor
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
+        return cls.processor_from_parts(image_processor, tokenizer, tokenizer.chat_template)
+
+    @classmethod
+    def processor_from_parts(
+        cls, image_processor: Any, tokenizer: Any, chat_template: str | None
+    ) -> Any:
+        """A processor from an image processor, a tokenizer and a chat template."""
+        raise NotImplementedError(
+            f"{cls.__name__} cannot rebuild a processor from parts; AutoProcessor failed"
+        )
+
+    # ---- prompt -------------------------------------------------------------------
+    def messages(self, n_images: int, text: str) -> list[dict[str, Any]]:
+        """One user turn: the N images first, in order, then one text part (DESIGN §2.6)."""
+        content: list[dict[str, Any]] = [{"type": "image"} for _ in range(n_images)]
+        content.append({"type": "text", "text": text})
+        return [{"role": "user", "content": content}]
+
+    def render(self, n_images: int, text: str) -> str:
+        """The prompt string through the model's chat template, generation prompt added."""
+        return self.processor.apply_chat_template(
+            self.messages(n_images, text), tokenize=False, add_generation_prompt=True
+        )
+
+    def chat_template(self) -> str:
+        """The chat template string (part of the prompt hash)."""
+        template = getattr(self.processor, "chat_template", None)
+        if template is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            template = template.get("default", next(iter(template.values()), ""))
+        return template or ""
+
+    def encode(
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+    ) -> PromptBatch:
+        """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
+        flat = [img.convert("RGB") for row in images for img in row]
+        out = self.processor(
+            text=list(prompts),
+            images=flat or None,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        )
+        inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
+
+    # ---- structure ----------------------------------------------------------------
+    def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
+        """R_k for one row: ``n_images`` half-open token ranges, delimiters included.
+
+        Default: pair up the family's opening/closing delimiter tokens.
+        """
+        if self.image_delimiters is None:
+            raise NotImplementedError(f"{type(self).__name__} must define image_spans")
+        open_id, close_id = (self.token_id(t) for t in self.image_delimiters)
+        ids = input_ids.tolist()
+        starts = [i for i, t in enumerate(ids) if t == open_id]
+        ends = [i + 1 for i, t in enumerate(ids) if t == close_id]
+        spans = list(zip(starts, ends, strict=False))
+        if len(starts) != n_images or len(ends) != n_images or any(s >= e for s, e in spans):
+            raise ValueError(
+                f"expected {n_images} image spans delimited by {self.image_delimiters}, "
+                f"found {len(starts)} openings and {len(ends)} closings"
+            )
+        return spans
+
+    def text_config(self) -> Any:
+        """The language model's config (holds layers, heads, vocabulary)."""
+        return getattr(self.config, self.text_config_key, None) or self.config
+
+    def num_layers(self) -> int:
+        """L, the number of decoder layers of the text model."""
+        return int(self.text_config().num_hidden_layers)
+
+    def token_id(self, token: str) -> int:
+        """Id of a single (special) token; raises if the tokenizer does not know it."""
+        tid = self.tokenizer.convert_tokens_to_ids(token)
+        is_unknown = tid == getattr(self.tokenizer, "unk_token_id", None)
+        if tid is None or (is_unknown and token != self.tokenizer.unk_token):
+            raise ValueError(f"token {token!r} is not in the vocabulary")
+        return int(tid)
+
+    def end_token_id(self) -> int:
+        """The token the model writes right after a label (end of turn), the trie's EOS."""
+        if self.end_token is not None:
+            return self.token_id(self.end_token)
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("tokenizer has no eos token")
+        return int(eos)
+
+    # ---- forward ------------------------------------------------------------------
+    def prompt_kwargs(self, batch: PromptBatch) -> dict[str, Any]:
+        """Model kwargs of the prompt forward.
+
+        Default: the processor's tensors plus 1-D positions that skip the left
+        padding (cumsum of the mask), so a padded row sees the same positions as
+        the same prompt alone.
+        """
+        kwargs: dict[str, Any] = dict(batch.inputs)
+        kwargs["position_ids"] = self._padded_positions(batch.attention_mask)
+        return kwargs
+
+    @staticmethod
+    def _padded_positions(mask: torch.Tensor) -> torch.Tensor:
+        positions = mask.long().cumsum(-1) - 1
+        return positions.masked_fill(mask == 0, 1)
+
+    def last_positions(self, batch: PromptBatch) -> torch.Tensor:
+        """(B,) text position of t_q; call right after the prompt forward."""
+        return batch.attention_mask.long().sum(-1) - 1
+
+    def decode_position_ids(self, last: torch.Tensor, depth: int) -> torch.Tensor:
+        """Positions of ``depth`` label tokens fed after the prompt of rows with t_q at ``last``."""
+        steps = torch.arange(1, depth + 1, device=last.device)
+        return last[:, None] + steps[None, :]
+
+    def attn_implementation(self, text: str, vision: str = "sdpa") -> dict[str, str]:
+        """Argument of ``model.set_attn_implementation``: capture path for text only."""
+        return {self.text_config_key: text, self.vision_config_key: vision}
+
+    def text_attn_implementation(self) -> str | None:
+        return getattr(self.text_config(), "_attn_implementation", None)
+
+    def vision_attn_implementation(self) -> str | None:
+        vision = getattr(self.config, self.vision_config_key, None)
+        return getattr(vision, "_attn_implementation", None)

@@ -1,0 +1,98 @@
+"""Qwen2-VL and Qwen2.5-VL: one adapter (same prompt layout, same 3-D "mrope" positions).
+
+Image k is ``<|vision_start|> <|image_pad|>*n_k <|vision_end|>``; its span R_k
+includes both delimiters. The prompt forward lets the model compute its 3-D
+rope positions from ``mm_token_type_ids`` and the image grids (left padding
+honoured through the attention mask); the model leaves the per-row offset
+``rope_deltas`` (text position = index among non-pad tokens + delta) on
+``model.model``. Cached label steps then continue each row's text positions from
+there: position of the d-th label token = (n_real - 1 + delta) + d, the same for
+the three rope axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+
+from app.models.base import FamilyAdapter, PromptBatch
+from app.models.registry import register
+
+
+class Qwen2VLProcessorNoVideo(Qwen2VLProcessor):
+    """Qwen2-VL processor without the video processor (which needs torchvision)."""
+
+    def __init__(
+        self,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+class Qwen2_5_VLProcessorNoVideo(Qwen2_5_VLProcessor):
+    """Qwen2.5-VL processor without the video processor (which needs torchvision)."""
+
+    def __init__(
+        self,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+@register
+class Qwen2VLAdapter(FamilyAdapter):
+    model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
+    image_delimiters: ClassVar[tuple[str, str] | None] = ("<|vision_start|>", "<|vision_end|>")
+    end_token: ClassVar[str | None] = "<|im_end|>"
+
+    @classmethod
+    def processor_from_parts(
+        cls, image_processor: Any, tokenizer: Any, chat_template: str | None
+    ) -> Any:
+        # the two processors differ only in video handling, which is not used here
+        return Qwen2_5_VLProcessorNoVideo(
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template
+        )
+
+    def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
+        open_id = getattr(self.config, "vision_start_token_id", None)
+        close_id = getattr(self.config, "vision_end_token_id", None)
+        if open_id is None or close_id is None:
+            return super().image_spans(input_ids, n_images)
+        ids = input_ids.tolist()
+        starts = [i for i, t in enumerate(ids) if t == open_id]
+        ends = [i + 1 for i, t in enumerate(ids) if t == close_id]
+        if len(starts) != n_images or len(ends) != n_images:
+            raise ValueError(
+                f"expected {n_images} <|vision_start|>..<|vision_end|> spans, "
+                f"found {len(starts)} and {len(ends)}"
+            )
+        return list(zip(starts, ends, strict=True))
+
+    def prompt_kwargs(self, batch: PromptBatch) -> dict:
+        # mrope positions come from the model's own get_rope_index (mask-aware)
+        self._inner().rope_deltas = None
+        return dict(batch.inputs)
+
+    def _inner(self) -> torch.nn.Module:
+        return getattr(self.model, "model", self.model)
+
+    def last_positions(self, batch: PromptBatch) -> torch.Tensor:
+        real = batch.attention_mask.long().sum(-1) - 1
+        deltas = getattr(self._inner(), "rope_deltas", None)
+        if deltas is None:  # text-only prompt: plain 1-D positions
+            return real
+        return real + deltas.reshape(-1).to(real.device)
+
+    def decode_position_ids(self, last: torch.Tensor, depth: int) -> torch.Tensor:
+        steps = torch.arange(1, depth + 1, device=last.device)
+        text = last[:, None] + steps[None, :]  # (R, d)
+        return text[None].expand(3, -1, -1)  # temporal, height, width axes alike

@@ -1,0 +1,189 @@
+"""Tiny randomly initialised MLLMs of the real transformers classes, processors built in code.
+
+Nothing is downloaded: the tokenizer is a byte-level ``Qwen2Tokenizer`` (256 byte
+symbols, no merges, plus the family's special tokens), the image processor is
+the PIL one (no torchvision) with ``min_pixels``/``max_pixels`` pinned so each
+image costs a few tokens, and the chat template is a string in this file.
+These models prove the plumbing (spans, label scores, captured attention,
+batching, padding), not accuracy.
+
+Public API::
+
+    FAMILIES = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
+    build_tiny(family, *, seed=0, **overrides) -> (model, processor)
+    tiny_runner(family, *, seed=0, layers=None, prompt_variant="vanilla", **overrides) -> Runner
+    byte_level_tokenizer(special_tokens) -> Qwen2Tokenizer
+    random_images(n, *, seed=0, sizes=None) -> list[PIL.Image.Image]
+
+``overrides`` for the Qwen families: hidden_size, num_hidden_layers,
+num_attention_heads, num_key_value_heads, intermediate_size,
+max_position_embeddings, image_pixels (side in pixels of the square the image is
+resized to; 56 -> 4 tokens), dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+)
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo, Qwen2VLProcessorNoVideo
+
+FAMILIES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
+_OTHER_FAMILIES = {
+    "llava_onevision": "app.testing._tiny_llava_onevision",
+    "internvl": "app.testing._tiny_internvl",
+}
+
+QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# The released Qwen2-VL / Qwen2.5-VL layout: default system turn, images as
+# <|vision_start|><|image_pad|><|vision_end|> in order, then the text.
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_level_tokenizer(special_tokens: Sequence[str]) -> Qwen2Tokenizer:
+    """Byte-level BPE with no merges: ids 0..255 are bytes, then ``special_tokens`` in order."""
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    for token in special_tokens:
+        vocab[token] = len(vocab)
+    extra = [t for t in special_tokens if t != "<|endoftext|>"]
+    return Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=extra)
+
+
+def random_images(
+    n: int, *, seed: int = 0, sizes: Sequence[tuple[int, int]] | None = None
+) -> list[Image.Image]:
+    """``n`` random RGB images (width, height from ``sizes`` or 48x48)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        width, height = sizes[k % len(sizes)] if sizes else (48, 48)
+        out.append(Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)))
+    return out
+
+
+def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Module, Any]:
+    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    side = int(overrides.pop("image_pixels", 56))
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
+    hidden = int(overrides.pop("hidden_size", 64))
+    heads = int(overrides.pop("num_attention_heads", 4))
+    head_dim = hidden // heads
+    quarter = head_dim // 4
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": int(overrides.pop("intermediate_size", 2 * hidden)),
+        "num_hidden_layers": int(overrides.pop("num_hidden_layers", 4)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(overrides.pop("num_key_value_heads", max(1, heads // 2))),
+        "max_position_embeddings": int(overrides.pop("max_position_embeddings", 4096)),
+        # mrope: temporal, height, width sections of the head_dim/2 rotary frequencies
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter],
+        },
+        "bos_token_id": None,
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    if family == "qwen2_5_vl":
+        vision = {
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
+        }  # fmt: skip
+        config_cls, model_cls, processor_cls = (
+            Qwen2_5_VLConfig,
+            Qwen2_5_VLForConditionalGeneration,
+            Qwen2_5_VLProcessorNoVideo,
+        )
+    else:
+        vision = {
+            "depth": 2, "embed_dim": 32, "hidden_size": hidden, "mlp_ratio": 2, "num_heads": 2,
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        }  # fmt: skip
+        config_cls, model_cls, processor_cls = (
+            Qwen2VLConfig,
+            Qwen2VLForConditionalGeneration,
+            Qwen2VLProcessorNoVideo,
+        )
+    dtype = overrides.pop("dtype", torch.float32)
+    if overrides:
+        raise TypeError(f"unknown overrides for {family}: {sorted(overrides)}")
+    config = config_cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config).to(dtype).eval()
+    processor = processor_cls(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE
+    )
+    return model, processor
+
+
+def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
+    """A tiny random model of ``family`` and its in-code processor (fast: well under 2 s)."""
+    if family in ("qwen2_5_vl", "qwen2_vl"):
+        return _build_qwen(family, seed, **overrides)
+    if family in _OTHER_FAMILIES:
+        module = importlib.import_module(_OTHER_FAMILIES[family])
+        return module.build(seed=seed, **overrides)
+    raise ValueError(f"unknown tiny family {family!r}; use one of {FAMILIES}")
+
+
+def tiny_runner(
+    family: str = "qwen2_5_vl",
+    *,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    prompt_variant: str = "vanilla",
+    **overrides: Any,
+) -> Any:
+    """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``)."""
+    from app.models.loader import runner_from_model
+
+    model, processor = build_tiny(family, seed=seed, **overrides)
+    return runner_from_model(
+        model, processor, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
+    )

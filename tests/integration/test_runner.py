@@ -1,0 +1,204 @@
+"""Runner: one prompt forward per batch, restricted label scores, batching, fingerprint, loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig
+
+from app.engine.labels import label_token_sequences, resolve_labels
+from app.engine.runner import ForwardResult, RetrievalItem, Runner
+from app.models.loader import load_runner, resolve_dtype, runner_from_model
+from app.models.prompts import prompt_hash
+from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
+from app.testing.tiny_models import build_tiny, random_images, tiny_runner
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Runner:
+    return tiny_runner("qwen2_5_vl")
+
+
+def _items() -> list[RetrievalItem]:
+    images = random_images(12, seed=7, sizes=[(48, 48), (70, 40), (40, 64)])
+    return [
+        RetrievalItem("a small red boat", images[:4]),
+        RetrievalItem("two birds on a wire", images[4:7]),
+        RetrievalItem("snow", images[:12]),
+    ]
+
+
+def _brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) -> np.ndarray:
+    """Teacher-force prompt + label + end token in one full forward (no cache, no trie).
+
+    At each prefix of c_j the restricted set is every next token of the labels that
+    share the prefix, plus the end token when some label ends exactly there.
+    """
+    seqs = [tuple(s) for s in label_token_sequences(runner.processor, labels)]
+    eos = runner.adapter.end_token_id()
+    batch = runner.encode([item], labels)
+    kwargs = dict(batch.inputs)
+    scores = np.zeros(len(labels))
+    for j, seq in enumerate(seqs):
+        continuation = [*seq, eos]
+        extra = torch.tensor([continuation])
+        full = dict(kwargs)
+        full["input_ids"] = torch.cat([kwargs["input_ids"], extra], dim=1)
+        full["attention_mask"] = torch.ones_like(full["input_ids"])
+        full["mm_token_type_ids"] = torch.cat(
+            [kwargs["mm_token_type_ids"], torch.zeros_like(extra)], dim=1
+        )
+        with torch.inference_mode():
+            logits = runner.model(**full).logits[0].double()
+        start = kwargs["input_ids"].shape[1] - 1
+        for d, token in enumerate(continuation):
+            prefix = seq[:d]
+            choices = {s[d] for s in seqs if s[:d] == prefix and len(s) > d}
+            if prefix in seqs and choices:
+                choices.add(eos)
+            if d == len(seq) and not choices:
+                break  # a leaf: nothing to normalise
+            if len(choices) < 2:
+                continue
+            ids = sorted(choices)
+            logp = torch.log_softmax(logits[start + d, ids], dim=-1)
+            scores[j] += float(logp[ids.index(token)])
+    return scores
+
+
+def test_scores_are_restricted_log_probs(runner: Runner) -> None:
+    result = runner.forward(_items())
+    assert isinstance(result, ForwardResult)
+    assert set(result.timings_ms) == {"forward", "score"}
+    assert all(v >= 0 for v in result.timings_ms.values())
+    for item, s, a in zip(_items(), result.scores, result.attention, strict=True):
+        n = len(item.images)
+        assert s.shape == (n,) and a.shape == (len(runner.layers), n)
+        assert abs(float(np.exp(s).sum()) - 1.0) < 1e-9
+        assert np.all(a > 0)
+
+
+def test_batch_equals_single_items(runner: Runner) -> None:
+    items = _items()
+    batched = runner.forward(items)
+    for k, item in enumerate(items):
+        single = runner.forward([item])
+        np.testing.assert_allclose(single.scores[0], batched.scores[k], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(single.attention[0], batched.attention[k], atol=1e-4, rtol=0)
+
+
+def test_exactly_one_prompt_forward_and_no_generate(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict] = []
+
+    def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
+        calls.append(
+            {"pixels": kwargs.get("pixel_values") is not None, "cache": kwargs.get("use_cache")}
+        )
+
+    def no_generate(*_a: object, **_k: object) -> None:
+        raise AssertionError("generate() must not be called on the scoring path")
+
+    monkeypatch.setattr(runner.model, "generate", no_generate)
+    handle = runner.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        runner.forward(_items()[:2])  # N = 4 and 3: single-token labels, no cached steps
+        assert calls == [{"pixels": True, "cache": False}]
+        calls.clear()
+        runner.forward(_items())  # N = 12 in the batch: "1" vs "10".."12" needs depth 1
+        assert [c["pixels"] for c in calls] == [True, False]
+        assert calls[0]["cache"] is True
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_trie_equals_brute_force_for_twelve_digits(family: str) -> None:
+    runner = tiny_runner(family, seed=1)
+    items = _items()
+    result = runner.forward(items)  # batched, left-padded, N = 4, 3, 12
+    for item, scores in zip(items, result.scores, strict=True):
+        labels = resolve_labels("digits", len(item.images))
+        expected = _brute_force_scores(runner, item, labels)
+        np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
+
+
+def test_number_words_use_cached_steps(runner: Runner) -> None:
+    item = _items()[0]
+    result = runner.forward([item], labels="words")
+    expected = _brute_force_scores(runner, item, resolve_labels("words", 4))
+    np.testing.assert_allclose(result.scores[0], expected, atol=1e-5, rtol=0)
+
+
+def test_image_spans_hold_each_image(runner: Runner) -> None:
+    batch = runner.encode(_items())
+    tok = runner.adapter.tokenizer
+    start, end, pad = (tok.convert_tokens_to_ids(t) for t in
+                       ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))  # fmt: skip
+    merge = runner.processor.image_processor.merge_size
+    grids = iter(batch.inputs["image_grid_thw"].tolist())
+    for row, n in enumerate(batch.n_images):
+        spans = runner.adapter.image_spans(batch.input_ids[row], n)
+        assert len(spans) == n
+        for s, e in spans:
+            ids = batch.input_ids[row, s:e].tolist()
+            t, h, w = next(grids)
+            assert ids[0] == start and ids[-1] == end
+            assert ids[1:-1] == [pad] * (t * h * w // merge**2)
+
+
+def test_fingerprint_fields(runner: Runner) -> None:
+    fp = runner.fingerprint("digits", 4)
+    assert fp.as_dict() == {
+        "model_id": "tiny-qwen2_5_vl",
+        "revision": None,
+        "dtype": "float32",
+        "attention_backend": "lad_capture(sdpa)",
+        "prompt_hash": prompt_hash("vanilla", runner.adapter.chat_template()),
+        "label_scheme": "digits",
+        "n": 4,
+    }
+    assert runner.fingerprint("upper", 4).label_scheme == "upper"
+    assert runner.fingerprint("digits", 5).n == 5
+    other = tiny_runner("qwen2_5_vl", prompt_variant="instruction")
+    assert other.fingerprint("digits", 4).prompt_hash != fp.prompt_hash
+    with pytest.raises(AttributeError):
+        fp.n = 3  # type: ignore[misc]
+    assert runner.layers == (2, 3) and runner.num_layers == 4
+    assert runner.device.type == "cpu" and runner.dtype == torch.float32
+
+
+def test_loader_round_trip(tmp_path: Path) -> None:
+    model, processor = build_tiny("qwen2_5_vl", seed=2)
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    in_memory = runner_from_model(model, processor, layers=(1, 3))
+    loaded = load_runner(str(tmp_path), device="cpu", dtype="auto", layers=(1, 3), threads=1)
+    assert loaded.dtype == torch.float32 and loaded.model_id == str(tmp_path)
+    assert loaded.attention_backend == "lad_capture"
+    items = _items()
+    a, b = in_memory.forward(items), loaded.forward(items)
+    for x, y in zip(a.scores + a.attention, b.scores + b.attention, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+    assert (
+        loaded.fingerprint("digits", 4).prompt_hash
+        == in_memory.fingerprint("digits", 4).prompt_hash
+    )
+
+
+def test_registry_and_dtype_errors() -> None:
+    assert {"qwen2_vl", "qwen2_5_vl"} <= set(supported_model_types())
+    with pytest.raises(UnsupportedModelError, match="qwen2_5_vl"):
+        adapter_for(BertConfig())
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError):
+        resolve_dtype("int3")
+    with pytest.raises(ValueError):
+        tiny_runner("qwen2_5_vl", layers=(9,))
