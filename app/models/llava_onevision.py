@@ -1,0 +1,165 @@
+"""LLaVA-OneVision adapter (`LlavaOnevisionForConditionalGeneration`, Qwen2 decoder).
+
+What differs from the defaults:
+
+- The chat template writes one `<image>` per image with no delimiters, so the
+  images of one prompt expand into a single run of `<image>` tokens. R_k is found
+  by splitting that run: in a multi-image prompt every image is encoded at the base
+  resolution (no anyres tiling), so all images of the row have the same number of
+  tokens (base patches + one newline token); a lone image may be tiled and owns the
+  whole run.
+- The processor needs the images nested per prompt: it decides single- vs
+  multi-image handling from the per-sample counts (`batch_num_images`).
+- Rebuilding the processor offline needs its own settings (`num_image_tokens`,
+  `vision_feature_select_strategy`, ...), read back from `processor_config.json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from transformers import LlavaOnevisionProcessor
+from transformers.processing_utils import ProcessorMixin
+
+from app.models.base import FamilyAdapter, PromptBatch
+from app.models.registry import register
+
+
+class LlavaOnevisionProcessorNoVideo(LlavaOnevisionProcessor):
+    """LLaVA-OneVision processor without the video processor (which needs torchvision).
+
+    The settings are named in the signature so that `save_pretrained` writes them.
+    """
+
+    def __init__(
+        self,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        num_image_tokens: int | None = None,
+        vision_feature_select_strategy: str | None = None,
+        chat_template: str | None = None,
+        image_token: str = "<image>",
+        video_token: str = "<video>",
+        vision_aspect_ratio: str = "anyres_max_9",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            image_processor,
+            tokenizer,
+            None,
+            num_image_tokens=num_image_tokens,
+            vision_feature_select_strategy=vision_feature_select_strategy,
+            chat_template=chat_template,
+            image_token=image_token,
+            video_token=video_token,
+            vision_aspect_ratio=vision_aspect_ratio,
+            **kwargs,
+        )
+
+
+def saved_processor_kwargs(path: str, revision: str | None, keys: Sequence[str]) -> dict[str, Any]:
+    """The processor's own settings among `keys`, as saved in `processor_config.json`."""
+    saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
+    return {key: saved[key] for key in keys if key in saved}
+
+
+def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
+    """Maximal half-open runs of `token_id` in `ids`, left to right."""
+    runs: list[tuple[int, int]] = []
+    start: int | None = None
+    for i, tid in enumerate(ids):
+        if tid == token_id and start is None:
+            start = i
+        elif tid != token_id and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(ids)))
+    return runs
+
+
+@register
+class LlavaOnevisionAdapter(FamilyAdapter):
+    """Images first as adjacent `<image>` placeholders, spans split per image."""
+
+    model_types: ClassVar[tuple[str, ...]] = ("llava_onevision",)
+    image_delimiters: ClassVar[tuple[str, str] | None] = None
+    end_token: ClassVar[str | None] = "<|im_end|>"
+    processor_settings: ClassVar[tuple[str, ...]] = (
+        "num_image_tokens",
+        "vision_feature_select_strategy",
+        "vision_aspect_ratio",
+        "image_token",
+        "video_token",
+    )
+
+    @classmethod
+    def load_processor(cls, path: str, revision: str | None = None) -> Any:
+        """The saved processor; offline without torchvision, rebuilt with its settings."""
+        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+        try:
+            processor = AutoProcessor.from_pretrained(path, revision=revision)
+        except Exception:  # any failure here has the parts-based fallback below
+            processor = None
+        if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
+            return processor
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
+        settings = saved_processor_kwargs(path, revision, cls.processor_settings)
+        return cls.processor_from_parts(
+            image_processor, tokenizer, tokenizer.chat_template, **settings
+        )
+
+    @classmethod
+    def processor_from_parts(
+        cls, image_processor: Any, tokenizer: Any, chat_template: str | None, **settings: Any
+    ) -> LlavaOnevisionProcessorNoVideo:
+        if settings.get("num_image_tokens") is None:
+            raise ValueError("a LLaVA-OneVision processor needs num_image_tokens")
+        return LlavaOnevisionProcessorNoVideo(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            **settings,
+        )
+
+    def image_token_id(self) -> int:
+        """Id of the `<image>` placeholder the model fills with visual features."""
+        tid = getattr(self.config, "image_token_id", None)
+        if tid is None:
+            tid = self.token_id(self.processor.image_token)
+        return int(tid)
+
+    def encode(
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+    ) -> PromptBatch:
+        """Processor call with images nested per prompt, left padding."""
+        nested = [[img.convert("RGB") for img in row] for row in images]
+        out = self.processor(
+            text=list(prompts),
+            images=nested if any(nested) else None,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        )
+        inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
+
+    def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
+        """R_k for one row: the `<image>` run(s), split into `n_images` equal parts."""
+        runs = token_runs(input_ids.tolist(), self.image_token_id())
+        if len(runs) == n_images:
+            return runs
+        if len(runs) == 1 and n_images > 1:
+            start, end = runs[0]
+            per_image, remainder = divmod(end - start, n_images)
+            if remainder == 0:
+                return [
+                    (start + k * per_image, start + (k + 1) * per_image) for k in range(n_images)
+                ]
+        lengths = [end - start for start, end in runs]
+        raise ValueError(f"cannot split <image> runs of lengths {lengths} into {n_images} images")
