@@ -1,0 +1,261 @@
+"""``lad bench engine``: what capture + debias cost next to a plain forward, and next to eager.
+
+Three variants of one retrieval request (batch of 1), each timed end to end from the
+processor call to the answer, median over repetitions:
+
+  (a) ``sdpa``    plain SDPA prompt forward (``logits_to_keep=1``), no capture;
+  (b) ``agd``     the runner: forward with the attention row captured inside SDPA, label
+                  trie scoring, then the AGD posterior and debiased scores (DESIGN §2.4);
+  (c) ``eager``   eager attention with ``output_attentions=True`` (every T x T matrix).
+
+Prompt length is set through the image size (a Qwen-style image processor gives
+(side/28)^2 tokens per image), so "~300" and "~1500" tokens hold for N=4 and N=12.
+Every (variant, tokens, N) cell runs in its own subprocess, so peak memory is that of
+the request alone: the resident set is sampled every 0.5 ms during the repetitions and
+reported above the level measured right before the first forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = ("sdpa", "agd", "eager")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Cell:
+    """One measured (variant, target tokens, N) combination."""
+
+    variant: str
+    target_tokens: int
+    n: int
+    prompt_tokens: int
+    image_side: int
+    median_ms: float
+    p90_ms: float
+    peak_mib: float
+    reps: int
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+class PeakSampler:
+    """Samples the resident set in a thread; torch ops release the GIL, so it keeps up."""
+
+    def __init__(self, interval_s: float = 0.0005) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakSampler:
+        self.peak = _rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
+def _build(model: str, side: int, threads: int):
+    """A runner whose image processor yields (side/28)^2 tokens per image."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if model.startswith("tiny"):
+        from app.testing.tiny_models import tiny_runner
+
+        family = model.removeprefix("tiny-") if model != "tiny" else "qwen2_5_vl"
+        return tiny_runner(family, image_pixels=side)
+    from app.models.loader import load_runner
+
+    runner = load_runner(model, threads=threads)
+    runner.processor.image_processor.size = {
+        "shortest_edge": side * side,
+        "longest_edge": side * side,
+    }
+    return runner
+
+
+def _items(n: int, side: int, query: str):
+    from app.engine.runner import RetrievalItem
+    from app.testing.tiny_models import random_images
+
+    return [RetrievalItem(query=query, images=random_images(n, seed=n, sizes=[(side, side)]))]
+
+
+QUERY = "a small red circle at the top on a striped background"
+
+
+def run_cell(model: str, variant: str, side: int, n: int, reps: int, threads: int) -> dict:
+    """Worker body: build, warm up, time ``reps`` requests, sample peak memory."""
+    import torch
+
+    from app.engine import debias
+
+    runner = _build(model, side, threads)
+    items = _items(n, side, QUERY)
+    layers = len(runner.layers)
+    rng = np.random.default_rng(0)
+    bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
+    prior = rng.dirichlet(np.ones(n), size=layers)
+    model_ = runner.model
+    adapter = runner.adapter
+    if variant == "sdpa":
+        model_.set_attn_implementation(adapter.attn_implementation("sdpa", "sdpa"))
+    elif variant == "eager":
+        model_.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
+
+    def once() -> None:
+        if variant == "agd":
+            out = runner.forward(items)
+            posterior = debias.attention_posterior(out.attention[0], prior)
+            debias.debias_scores(out.scores[0], bias_matrix, posterior)
+            return
+        with torch.inference_mode():
+            batch = runner.encode(items)
+            kwargs = adapter.prompt_kwargs(batch)
+            if variant == "eager":
+                model_(**kwargs, use_cache=False, logits_to_keep=1, output_attentions=True)
+            else:
+                model_(**kwargs, use_cache=False, logits_to_keep=1)
+
+    prompt_tokens = int(runner.encode(items).input_ids.shape[1])
+    import gc
+
+    gc.collect()
+    times = []
+    with PeakSampler() as sampler:
+        base = sampler.peak
+        for _ in range(reps + 1):  # the first one is a warm-up, not timed
+            start = time.perf_counter()
+            once()
+            times.append((time.perf_counter() - start) * 1e3)
+    timed = np.array(times[1:])
+    return asdict(
+        Cell(
+            variant=variant,
+            target_tokens=0,
+            n=n,
+            prompt_tokens=prompt_tokens,
+            image_side=side,
+            median_ms=float(np.median(timed)),
+            p90_ms=float(np.percentile(timed, 90)),
+            peak_mib=(sampler.peak - base) / 2**20,
+            reps=reps,
+        )
+    )
+
+
+def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
+    """The image side (multiple of 28) whose prompt length is closest to ``target`` tokens."""
+    best = (0, 0)
+    for side in range(28, 28 * 40, 28):
+        runner = _build(model, side, threads)
+        tokens = int(runner.encode(_items(n, side, QUERY)).input_ids.shape[1])
+        if not best[0] or abs(tokens - target) < abs(best[1] - target):
+            best = (side, tokens)
+        if tokens > target:
+            break
+    return best
+
+
+def render(cells: list[Cell]) -> str:
+    by = {(c.variant, c.target_tokens, c.n): c for c in cells}
+    lines = [
+        "| tokens | N | (a) sdpa ms | (b) agd ms | (c) eager ms | (b)/(a) | (c)/(b) "
+        "| peak (a) MiB | peak (b) MiB | peak (c) MiB | (b)/(a) mem |",
+        "|" + "---|" * 11,
+    ]
+    for tokens, n in sorted({(c.target_tokens, c.n) for c in cells}):
+        a, b, c = (by[(v, tokens, n)] for v in VARIANTS)
+        lines.append(
+            f"| {b.prompt_tokens} | {n} | {a.median_ms:.1f} | {b.median_ms:.1f} | "
+            f"{c.median_ms:.1f} | {b.median_ms / a.median_ms:.3f} | "
+            f"{c.median_ms / b.median_ms:.2f} | {a.peak_mib:.1f} | {b.peak_mib:.1f} | "
+            f"{c.peak_mib:.1f} | {b.peak_mib / max(a.peak_mib, 1e-9):.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lad bench engine", description=__doc__)
+    parser.add_argument("--model", default="tiny-qwen2_5_vl", help="tiny-<family>, demo or path")
+    parser.add_argument("--tokens", default="300,1500", help="target prompt lengths")
+    parser.add_argument("--n", default="4,12", help="numbers of images")
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--out", default="bench/results/engine.json")
+    parser.add_argument(
+        "--worker", nargs=3, metavar=("VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        variant, side, n = args.worker
+        cell = run_cell(args.model, variant, int(side), int(n), args.reps, args.threads)
+        print(json.dumps(cell))
+        return 0
+
+    cells: list[Cell] = []
+    for target in (int(t) for t in args.tokens.split(",")):
+        for n in (int(x) for x in args.n.split(",")):
+            side, _ = side_for(args.model, target, n, args.threads)
+            for variant in VARIANTS:
+                cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
+                       "--reps", str(args.reps), "--threads", str(args.threads),
+                       "--worker", variant, str(side), str(n)]  # fmt: skip
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    print(done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                cell = Cell(**json.loads(done.stdout.strip().splitlines()[-1]))
+                cell.target_tokens = target
+                cells.append(cell)
+                print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
+                      f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
+                      flush=True)  # fmt: skip
+
+    table = render(cells)
+    print(table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "command": "lad bench engine " + " ".join(argv or []),
+        "model": args.model,
+        "torch_threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "reps": args.reps,
+        "cells": [asdict(c) for c in cells],
+        "table": table,
+    }
+    out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
