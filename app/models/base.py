@@ -12,6 +12,8 @@ Public API (stable; other modules code against it)::
         text_config_key: ClassVar[str] = "text_config"    # sub-config of the language model
         vision_config_key: ClassVar[str] = "vision_config"  # sub-config of the vision tower
         image_delimiters: ClassVar[tuple[str, str] | None]  # tokens opening/closing an image
+        processor_class: ClassVar[type | None] = None   # what processor_from_parts builds
+        processor_settings: ClassVar[tuple[str, ...]] = ()  # processor_config.json keys
 
         __init__(model, processor)
         .model, .processor, .tokenizer, .config
@@ -27,7 +29,8 @@ Public API (stable; other modules code against it)::
         attn_implementation(text, vision) -> dict     # argument of set_attn_implementation
         chat_template() -> str                        # for the prompt hash
         load_processor(path, revision=None) -> processor         # classmethod, offline-safe
-        processor_from_parts(image_processor, tokenizer, chat_template)  # classmethod
+        processor_from_parts(image_processor, tokenizer, chat_template, **settings)  # classmethod
+        processor_images(images) -> images argument of the processor call (flat by default)
 
 Token spans are half-open ``(start, end)`` indices into the *padded* row, and
 include the family's delimiter tokens (e.g. Qwen ``<|vision_start|>`` ..
@@ -87,6 +90,10 @@ class FamilyAdapter:
     image_delimiters: ClassVar[tuple[str, str] | None] = None
     # token that closes the assistant turn; used after a label as its end-of-sequence
     end_token: ClassVar[str | None] = None
+    # processor class the parts-based rebuild constructs (None: no rebuild possible)
+    processor_class: ClassVar[type | None] = None
+    # processor_config.json keys the parts-based rebuild needs (e.g. image token counts)
+    processor_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -98,8 +105,10 @@ class FamilyAdapter:
     @classmethod
     def load_processor(cls, path: str, revision: str | None = None) -> Any:
         """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
-        torchvision for a video processor), rebuild it from its saved parts."""
+        torchvision for a video processor), rebuild it from its saved parts and the
+        saved ``processor_settings``."""
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+        from transformers.processing_utils import ProcessorMixin
 
         try:
             processor = AutoProcessor.from_pretrained(path, revision=revision)
@@ -109,15 +118,29 @@ class FamilyAdapter:
             return processor
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
-        return cls.processor_from_parts(image_processor, tokenizer, tokenizer.chat_template)
+        settings: dict[str, Any] = {}
+        if cls.processor_settings:
+            saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
+            settings = {key: saved[key] for key in cls.processor_settings if key in saved}
+        return cls.processor_from_parts(
+            image_processor, tokenizer, tokenizer.chat_template, **settings
+        )
 
     @classmethod
     def processor_from_parts(
-        cls, image_processor: Any, tokenizer: Any, chat_template: str | None
+        cls, image_processor: Any, tokenizer: Any, chat_template: str | None, **settings: Any
     ) -> Any:
-        """A processor from an image processor, a tokenizer and a chat template."""
-        raise NotImplementedError(
-            f"{cls.__name__} cannot rebuild a processor from parts; AutoProcessor failed"
+        """A ``processor_class`` from an image processor, a tokenizer, a chat template
+        and the saved settings."""
+        if cls.processor_class is None:
+            raise NotImplementedError(
+                f"{cls.__name__} cannot rebuild a processor from parts; AutoProcessor failed"
+            )
+        return cls.processor_class(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            **settings,
         )
 
     # ---- prompt -------------------------------------------------------------------
@@ -146,16 +169,20 @@ class FamilyAdapter:
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
     ) -> PromptBatch:
         """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
-        flat = [img.convert("RGB") for row in images for img in row]
         out = self.processor(
             text=list(prompts),
-            images=flat or None,
+            images=self.processor_images(images),
             padding=True,
             padding_side="left",
             return_tensors="pt",
         )
         inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
+
+    def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
+        """The ``images`` argument of the processor call: one flat RGB list, None if empty."""
+        flat = [img.convert("RGB") for row in images for img in row]
+        return flat or None
 
     # ---- structure ----------------------------------------------------------------
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 from transformers import InternVLProcessor
 
 from app.models.base import FamilyAdapter
-from app.models.llava_onevision import saved_processor_kwargs
 from app.models.registry import register
 
 
@@ -49,32 +48,5 @@ class InternVLAdapter(FamilyAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<img>", "</img>")
     end_token: ClassVar[str | None] = "<|im_end|>"
-
-    @classmethod
-    def load_processor(cls, path: str, revision: str | None = None) -> Any:
-        """The saved processor; offline without torchvision, rebuilt with `image_seq_length`."""
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-        try:
-            processor = AutoProcessor.from_pretrained(path, revision=revision)
-        except Exception:  # any failure here has the parts-based fallback below
-            processor = None
-        if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
-            return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
-        settings = saved_processor_kwargs(path, revision, ("image_seq_length",))
-        return cls.processor_from_parts(
-            image_processor, tokenizer, tokenizer.chat_template, **settings
-        )
-
-    @classmethod
-    def processor_from_parts(
-        cls, image_processor: Any, tokenizer: Any, chat_template: str | None, **settings: Any
-    ) -> InternVLProcessorNoVideo:
-        return InternVLProcessorNoVideo(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            chat_template=chat_template,
-            **settings,
-        )
+    processor_class: ClassVar[type | None] = InternVLProcessorNoVideo
+    processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_length",)

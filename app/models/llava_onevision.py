@@ -22,9 +22,8 @@ from typing import Any, ClassVar
 import torch
 from PIL import Image
 from transformers import LlavaOnevisionProcessor
-from transformers.processing_utils import ProcessorMixin
 
-from app.models.base import FamilyAdapter, PromptBatch
+from app.models.base import FamilyAdapter
 from app.models.registry import register
 
 
@@ -60,12 +59,6 @@ class LlavaOnevisionProcessorNoVideo(LlavaOnevisionProcessor):
         )
 
 
-def saved_processor_kwargs(path: str, revision: str | None, keys: Sequence[str]) -> dict[str, Any]:
-    """The processor's own settings among `keys`, as saved in `processor_config.json`."""
-    saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
-    return {key: saved[key] for key in keys if key in saved}
-
-
 def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
     """Maximal half-open runs of `token_id` in `ids`, left to right."""
     runs: list[tuple[int, int]] = []
@@ -88,6 +81,7 @@ class LlavaOnevisionAdapter(FamilyAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("llava_onevision",)
     image_delimiters: ClassVar[tuple[str, str] | None] = None
     end_token: ClassVar[str | None] = "<|im_end|>"
+    processor_class: ClassVar[type | None] = LlavaOnevisionProcessorNoVideo
     processor_settings: ClassVar[tuple[str, ...]] = (
         "num_image_tokens",
         "vision_feature_select_strategy",
@@ -97,35 +91,12 @@ class LlavaOnevisionAdapter(FamilyAdapter):
     )
 
     @classmethod
-    def load_processor(cls, path: str, revision: str | None = None) -> Any:
-        """The saved processor; offline without torchvision, rebuilt with its settings."""
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-        try:
-            processor = AutoProcessor.from_pretrained(path, revision=revision)
-        except Exception:  # any failure here has the parts-based fallback below
-            processor = None
-        if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
-            return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
-        settings = saved_processor_kwargs(path, revision, cls.processor_settings)
-        return cls.processor_from_parts(
-            image_processor, tokenizer, tokenizer.chat_template, **settings
-        )
-
-    @classmethod
     def processor_from_parts(
         cls, image_processor: Any, tokenizer: Any, chat_template: str | None, **settings: Any
     ) -> LlavaOnevisionProcessorNoVideo:
         if settings.get("num_image_tokens") is None:
             raise ValueError("a LLaVA-OneVision processor needs num_image_tokens")
-        return LlavaOnevisionProcessorNoVideo(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            chat_template=chat_template,
-            **settings,
-        )
+        return super().processor_from_parts(image_processor, tokenizer, chat_template, **settings)
 
     def image_token_id(self) -> int:
         """Id of the `<image>` placeholder the model fills with visual features."""
@@ -134,20 +105,10 @@ class LlavaOnevisionAdapter(FamilyAdapter):
             tid = self.token_id(self.processor.image_token)
         return int(tid)
 
-    def encode(
-        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
-    ) -> PromptBatch:
-        """Processor call with images nested per prompt, left padding."""
+    def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
+        """Images nested per prompt (the processor counts them per sample), None if empty."""
         nested = [[img.convert("RGB") for img in row] for row in images]
-        out = self.processor(
-            text=list(prompts),
-            images=nested if any(nested) else None,
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
-        )
-        inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
-        return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
+        return nested if any(nested) else None
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         """R_k for one row: the `<image>` run(s), split into `n_images` equal parts."""

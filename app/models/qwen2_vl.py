@@ -21,8 +21,8 @@ from app.models.base import FamilyAdapter, PromptBatch
 from app.models.registry import register
 
 
-class Qwen2VLProcessorNoVideo(Qwen2VLProcessor):
-    """Qwen2-VL processor without the video processor (which needs torchvision)."""
+class _NoVideoMixin:
+    """Builds a Qwen processor without the video processor (which needs torchvision)."""
 
     def __init__(
         self,
@@ -34,17 +34,12 @@ class Qwen2VLProcessorNoVideo(Qwen2VLProcessor):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
 
-class Qwen2_5_VLProcessorNoVideo(Qwen2_5_VLProcessor):
-    """Qwen2.5-VL processor without the video processor (which needs torchvision)."""
+class Qwen2VLProcessorNoVideo(_NoVideoMixin, Qwen2VLProcessor):
+    """Qwen2-VL processor without the video processor."""
 
-    def __init__(
-        self,
-        image_processor: Any = None,
-        tokenizer: Any = None,
-        chat_template: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+class Qwen2_5_VLProcessorNoVideo(_NoVideoMixin, Qwen2_5_VLProcessor):
+    """Qwen2.5-VL processor without the video processor."""
 
 
 @register
@@ -52,15 +47,8 @@ class Qwen2VLAdapter(FamilyAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<|vision_start|>", "<|vision_end|>")
     end_token: ClassVar[str | None] = "<|im_end|>"
-
-    @classmethod
-    def processor_from_parts(
-        cls, image_processor: Any, tokenizer: Any, chat_template: str | None
-    ) -> Any:
-        # the two processors differ only in video handling, which is not used here
-        return Qwen2_5_VLProcessorNoVideo(
-            image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template
-        )
+    # the two processors differ only in video handling, which is not used here
+    processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         open_id = getattr(self.config, "vision_start_token_id", None)

@@ -19,7 +19,13 @@ from transformers import (
 )
 
 from app.models.internvl import InternVLProcessorNoVideo
-from app.testing._tiny_llava_onevision import byte_level_tokenizer, tiny_text_config
+from app.testing._tiny_llava_onevision import (
+    TINY_TOWER,
+    byte_level_tokenizer,
+    seeded_model,
+    tiny_text_config,
+)
+from app.testing.tiny_models import chatml_template
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 4
@@ -28,17 +34,11 @@ DOWNSAMPLE_RATIO = 0.5
 IMAGE_SEQ_LENGTH = int((IMAGE_SIZE // PATCH_SIZE) ** 2 * DOWNSAMPLE_RATIO**2)
 
 # As the released InternVL-hf templates: each image is `<IMG_CONTEXT>` + newline, then text.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+CHAT_TEMPLATE = chatml_template(
     "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}{{ '<IMG_CONTEXT>\\n' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}"
 )
 
 NAMED_TOKENS = {
@@ -72,10 +72,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, InternVL
     processor = build_processor()
     tokenizer = processor.tokenizer
     vision_config = InternVLVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **TINY_TOWER,
         image_size=[IMAGE_SIZE, IMAGE_SIZE],
         patch_size=[PATCH_SIZE, PATCH_SIZE],
     )
@@ -89,8 +86,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, InternVL
         vision_feature_select_strategy="default",
         tie_word_embeddings=False,
     )
-    config.text_config.eos_token_id = tokenizer.eos_token_id
-    config.text_config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(seed)
-    model = InternVLForConditionalGeneration(config).to(dtype).eval()
+    model = seeded_model(
+        InternVLForConditionalGeneration, config, tokenizer, seed=seed, dtype=dtype
+    )
     return model, processor

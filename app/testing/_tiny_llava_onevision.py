@@ -23,22 +23,16 @@ from transformers import (
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from app.models.llava_onevision import LlavaOnevisionProcessorNoVideo
+from app.testing.tiny_models import chatml_template
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
 
 # Images first (one `<image>` each, no delimiters, as in the released template), then text.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+CHAT_TEMPLATE = chatml_template(
     "{% for part in message['content'] if part['type'] == 'image' %}<image>{% endfor %}"
     "{% for part in message['content'] if part['type'] == 'text' %}"
     "{{ '\\n' + part['text'] }}{% endfor %}"
-    "{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
@@ -70,6 +64,15 @@ def byte_level_tokenizer(
     return tokenizer
 
 
+# Sizes of the 2-layer vision tower every non-Qwen tiny family uses.
+TINY_TOWER: dict[str, int] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}
+
+
 def tiny_text_config(vocab_size: int, **overrides: Any) -> Qwen2Config:
     """Qwen2 decoder: hidden 64, 4 layers, 4 query heads over 2 KV heads (GQA), 2048 context."""
     settings: dict[str, Any] = {
@@ -85,6 +88,16 @@ def tiny_text_config(vocab_size: int, **overrides: Any) -> Qwen2Config:
     }
     settings.update(overrides)
     return Qwen2Config(**settings)
+
+
+def seeded_model(
+    model_cls: type[torch.nn.Module], config: Any, tokenizer: Any, *, seed: int, dtype: torch.dtype
+) -> torch.nn.Module:
+    """The tiny model in eval mode, its decoder ending and padding with the tokenizer's tokens."""
+    config.text_config.eos_token_id = tokenizer.eos_token_id
+    config.text_config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    return model_cls(config).to(dtype).eval()
 
 
 def build_processor() -> LlavaOnevisionProcessorNoVideo:
@@ -112,10 +125,7 @@ def build(
     processor = build_processor()
     tokenizer = processor.tokenizer
     vision_config = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        **TINY_TOWER,
         image_size=IMAGE_SIZE,
         patch_size=PATCH_SIZE,
         vision_use_head=False,
@@ -130,8 +140,7 @@ def build(
         image_grid_pinpoints=[[IMAGE_SIZE, IMAGE_SIZE]],
         vision_aspect_ratio="anyres_max_9",
     )
-    config.text_config.eos_token_id = tokenizer.eos_token_id
-    config.text_config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(seed)
-    model = LlavaOnevisionForConditionalGeneration(config).to(dtype).eval()
+    model = seeded_model(
+        LlavaOnevisionForConditionalGeneration, config, tokenizer, seed=seed, dtype=dtype
+    )
     return model, processor

@@ -13,6 +13,7 @@ Public API::
     build_tiny(family, *, seed=0, **overrides) -> (model, processor)
     tiny_runner(family, *, seed=0, layers=None, prompt_variant="vanilla", **overrides) -> Runner
     byte_level_tokenizer(special_tokens) -> Qwen2Tokenizer
+    chatml_template(list_content) -> str      # ChatML framing around the family's parts
     random_images(n, *, seed=0, sizes=None) -> list[PIL.Image.Image]
 
 ``overrides`` for the Qwen families: hidden_size, num_hidden_layers,
@@ -58,19 +59,29 @@ QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 
+
+def chatml_template(list_content: str) -> str:
+    """A ChatML chat template (default system turn, `<|im_start|>`/`<|im_end|>` turns,
+    generation prompt) whose list-of-parts messages are written by ``list_content``."""
+    return (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        + list_content
+        + "{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
 # The released Qwen2-VL / Qwen2.5-VL layout: default system turn, images as
 # <|vision_start|><|image_pad|><|vision_end|> in order, then the text.
-QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+QWEN_CHAT_TEMPLATE = chatml_template(
     "{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}"
 )
 
 
