@@ -1,0 +1,64 @@
+"""Typed dependencies: the service, the settings and the two optional bearer tokens."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
+
+from app import errors
+from app.serving import Service
+from app.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="LAD_RETRIEVE_TOKEN or LAD_ADMIN_TOKEN")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_service(request: Request) -> Service:
+    service = getattr(request.app.state, "service", None)
+    if service is None or not service.batcher.running:
+        raise errors.NotReady("the model is not loaded yet; retry shortly")
+    return service
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def _check_token(credentials: HTTPAuthorizationCredentials | None,
+                 accepted: list[SecretStr], what: str) -> None:
+    """Constant-time comparison against every accepted token; no token configured = open."""
+    if not accepted:
+        return
+    if credentials is None or not credentials.credentials:
+        raise errors.Unauthorized(f"{what} needs a bearer token (Authorization: Bearer <token>)")
+    given = credentials.credentials.encode()
+    matches = [hmac.compare_digest(given, t.get_secret_value().encode()) for t in accepted]
+    if not any(matches):
+        raise errors.Forbidden(f"the bearer token is not valid for {what}")
+
+
+def require_retrieve_token(settings: SettingsDep, credentials: Credentials) -> None:
+    """LAD_RETRIEVE_TOKEN, when set, guards retrieval; the admin token is accepted too."""
+    if settings.retrieve_token is not None:
+        accepted = [settings.retrieve_token]
+        if settings.admin_token is not None:
+            accepted.append(settings.admin_token)
+        _check_token(credentials, accepted, "retrieval")
+
+
+def require_admin_token(settings: SettingsDep, credentials: Credentials) -> None:
+    """LAD_ADMIN_TOKEN, when set, guards calibrate, delete and rollback."""
+    if settings.admin_token is not None:
+        _check_token(credentials, [settings.admin_token], "this admin operation")
+
+
+RetrieveAuth = Depends(require_retrieve_token)
+AdminAuth = Depends(require_admin_token)

@@ -1,0 +1,11 @@
+"""Gathers the routers of app/api/routes (one file per resource)."""
+
+from fastapi import APIRouter
+
+from app.api.routes import calibrate, health, profiles, retrieve
+
+api_router = APIRouter()
+api_router.include_router(retrieve.router)
+api_router.include_router(calibrate.router)
+api_router.include_router(profiles.router)
+api_router.include_router(health.router)

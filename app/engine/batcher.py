@@ -1,0 +1,211 @@
+"""Dynamic batcher: one worker thread, one bounded queue, batches formed by size or deadline.
+
+Generic on purpose (it knows nothing about images or models): callers `await submit(item)`
+from any event loop; the worker thread collects up to `max_batch_size` items, waiting at
+most `max_wait_ms` after the first one, calls `handler(items) -> results` (one result per
+item, same order) and resolves each caller's future. The handler runs only on the worker
+thread, so whatever it owns (a model) is never touched concurrently.
+
+A batch whose handler raises is re-run one item at a time, so a poisoned item fails only
+its own caller; the worker thread never dies on a handler error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_STOP = object()
+
+
+class QueueFull(Exception):
+    """The bounded queue is full: the caller should retry after `retry_after_s` seconds."""
+
+    def __init__(self, depth: int, retry_after_s: int) -> None:
+        super().__init__(f"queue full ({depth} waiting); retry after {retry_after_s} s")
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class BatcherStopped(Exception):
+    """The batcher is not running (not started yet, or stopped with the item still queued)."""
+
+
+@dataclass
+class _Pending(Generic[T]):
+    item: T
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+def _resolve(pending: _Pending, result: object, error: BaseException | None) -> None:
+    """Set the caller's future on its own loop (thread-safe); skip callers that went away."""
+
+    def _set() -> None:
+        if pending.future.done():  # cancelled: the client disconnected
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+        pending.loop.call_soon_threadsafe(_set)
+
+
+class Batcher(Generic[T, R]):
+    """Bounded queue + single worker thread that calls `handler` on dynamic batches."""
+
+    def __init__(
+        self,
+        handler: Callable[[list[T]], list[R]],
+        *,
+        max_batch_size: int = 8,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 64,
+        name: str = "batcher",
+    ) -> None:
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
+        self.handler = handler
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.name = name
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._mean_batch_s = 0.0  # EWMA of handler time, for Retry-After
+        self.batches_run = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def depth(self) -> int:
+        """Items waiting in the queue (not counting the batch being run)."""
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let the running batch finish, fail what is still queued, and join the worker."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(_STOP)  # blocks at most until the worker takes one item
+        thread.join(timeout)
+        while True:
+            try:
+                pending = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if pending is not _STOP:
+                _resolve(pending, None, BatcherStopped("the service is shutting down"))
+
+    # ------------------------------------------------------------------ submit
+
+    def retry_after_s(self) -> int:
+        """Seconds until the queue has likely drained (at least 1)."""
+        batches = math.ceil((self.depth + 1) / self.max_batch_size)
+        return max(1, math.ceil(batches * self._mean_batch_s))
+
+    async def submit(self, item: T, *, wait_for_room: bool = False) -> R:
+        """Queue `item` and wait for its result.
+
+        Raises QueueFull at once when the queue is full, unless `wait_for_room` (used for
+        internal bulk work such as calibration), in which case it waits for a free slot.
+        """
+        if not self.running:
+            raise BatcherStopped("the batcher is not running")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(item=item, future=loop.create_future(), loop=loop)
+        delay = 0.001
+        while True:
+            try:
+                self._queue.put_nowait(pending)
+                break
+            except queue.Full:
+                if not wait_for_room:
+                    raise QueueFull(self.depth, self.retry_after_s()) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+                pending.enqueued = time.perf_counter()
+        return await pending.future
+
+    # ------------------------------------------------------------------ worker
+
+    def _collect(self, first: _Pending) -> tuple[list[_Pending], bool]:
+        """First item plus whatever arrives before the deadline, up to max_batch_size."""
+        batch = [first]
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            remaining = deadline - time.perf_counter()
+            try:
+                nxt = self._queue.get(timeout=remaining) if remaining > 0 else (
+                    self._queue.get_nowait()
+                )
+            except queue.Empty:
+                break
+            if nxt is _STOP:
+                return batch, True
+            batch.append(nxt)
+        return batch, False
+
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch, stop = self._collect(first)
+            batch = [p for p in batch if not p.future.done()]
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        try:
+            results = self._call([p.item for p in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                _resolve(batch[0], None, exc)
+            else:  # isolate the failing item(s): re-run one at a time
+                for pending in batch:
+                    try:
+                        _resolve(pending, self._call([pending.item])[0], None)
+                    except Exception as single_exc:
+                        _resolve(pending, None, single_exc)
+        else:
+            for pending, result in zip(batch, results, strict=True):
+                _resolve(pending, result, None)
+        elapsed = time.perf_counter() - started
+        self._mean_batch_s = elapsed if not self.batches_run else (
+            0.8 * self._mean_batch_s + 0.2 * elapsed
+        )
+        self.batches_run += 1
+
+    def _call(self, items: list[T]) -> list[R]:
+        results = list(self.handler(items))
+        if len(results) != len(items):
+            raise RuntimeError(
+                f"batch handler returned {len(results)} results for {len(items)} items"
+            )
+        return results

@@ -1,0 +1,109 @@
+"""The app factory and `lad serve`: one model, one queue, one store per process.
+
+    create_app(settings=None, *, runner=None, store=None) -> FastAPI
+    main(argv) -> int          # lad serve [--host H] [--port P] [--model M] [--store-url URL]
+
+The model and the store are opened in the lifespan (not at import), so building an app
+is cheap; tests inject a tiny runner and a memory:// store. What the app opened it closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from app.api.main import api_router
+from app.errors import install_error_handlers
+from app.metrics import Metrics, RequestMetricsMiddleware
+from app.serving import Service
+from app.settings import Settings
+from calibration_store import ProfileStore, open_store
+
+log = logging.getLogger(__name__)
+
+API_DESCRIPTION = """Position-debiased multi-image retrieval with a multimodal LLM.
+
+`POST /v1/retrieve` answers which of N images matches a text query, corrected for the
+model's position bias with attention-guided debiasing (AGD). A profile for (model,
+profile name, labels, N) must first be calibrated with `POST /v1/calibrate` (5 examples
+with known answers are enough). Every error is `{"error": {"code", "message"}}`."""
+
+
+def load_runner_from_settings(settings: Settings) -> Any:
+    from app.models.loader import load_runner  # torch/transformers only when serving
+
+    return load_runner(
+        settings.model, revision=settings.revision, device=settings.device, dtype=settings.dtype,
+        layers=settings.layers, prompt_variant=settings.prompt_variant,
+        threads=settings.torch_threads,
+    )
+
+
+def open_store_from_settings(settings: Settings) -> ProfileStore:
+    return open_store(settings.store_url, keep_versions=settings.keep_versions,
+                      key_prefix=settings.store_key_prefix, poll_interval=settings.store_poll_s)
+
+
+def create_app(
+    settings: Settings | None = None, *, runner: Any = None, store: ProfileStore | None = None
+) -> FastAPI:
+    """A service app; `runner` and `store` default to what the settings name."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        the_runner = runner or await run_in_threadpool(load_runner_from_settings, settings)
+        the_store = store or await run_in_threadpool(open_store_from_settings, settings)
+        service = Service(settings, the_runner, the_store, metrics)
+        service.start()
+        app.state.service = service
+        log.info("serving %s with store %s", service.model_id, the_store.health().get("backend"))
+        try:
+            yield
+        finally:
+            app.state.service = None
+            service.stop()
+            if store is None:
+                the_store.close()
+
+    app = FastAPI(
+        title="lad-serve", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.service = None
+    install_error_handlers(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.include_router(api_router)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`lad serve`: run uvicorn on the settings (CLI flags override LAD_* variables)."""
+    parser = argparse.ArgumentParser(prog="lad serve", description="Run the HTTP service.")
+    parser.add_argument("--host", help="bind address (LAD_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (LAD_PORT, default 8000)")
+    parser.add_argument("--model", help='model: "demo", hub name or path (LAD_MODEL)')
+    parser.add_argument("--store-url", help="profile store URL (LAD_STORE_URL)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "model": args.model,
+                                   "store_url": args.store_url}.items() if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=settings.log_level.lower())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

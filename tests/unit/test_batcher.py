@@ -1,0 +1,196 @@
+"""The dynamic batcher on its own: no model, plain functions as handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from app.engine.batcher import Batcher, BatcherStopped, QueueFull
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+class Recorder:
+    """Handler that doubles numbers and records batch sizes and the thread it ran on."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.batches: list[list[int]] = []
+        self.threads: set[int] = set()
+        self.delay_s = delay_s
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.threads.add(threading.get_ident())
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return [2 * x for x in items]
+
+
+def test_results_match_items_and_batches_form() -> None:
+    handler = Recorder(delay_s=0.02)
+    batcher = Batcher(handler, max_batch_size=4, max_wait_ms=20, max_queue=64)
+    batcher.start()
+
+    async def go() -> list[int]:
+        return await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+
+    try:
+        assert _run(go()) == [2 * i for i in range(10)]
+    finally:
+        batcher.stop()
+    assert all(len(b) <= 4 for b in handler.batches)
+    assert sum(len(b) for b in handler.batches) == 10
+    assert max(len(b) for b in handler.batches) > 1  # concurrent items were batched
+    assert len(handler.threads) == 1  # one worker thread owns the handler
+
+
+def test_max_batch_size_one_never_batches() -> None:
+    handler = Recorder()
+    batcher = Batcher(handler, max_batch_size=1, max_wait_ms=50, max_queue=64)
+    batcher.start()
+
+    async def go() -> list[int]:
+        return await asyncio.gather(*(batcher.submit(i) for i in range(6)))
+
+    try:
+        assert _run(go()) == [0, 2, 4, 6, 8, 10]
+    finally:
+        batcher.stop()
+    assert [len(b) for b in handler.batches] == [1] * 6
+
+
+def test_single_item_waits_no_longer_than_max_wait() -> None:
+    batcher = Batcher(Recorder(), max_batch_size=32, max_wait_ms=30, max_queue=8)
+    batcher.start()
+    try:
+        t0 = time.perf_counter()
+        assert _run(batcher.submit(21)) == 42
+        assert time.perf_counter() - t0 < 1.0
+    finally:
+        batcher.stop()
+
+
+def test_full_queue_raises_queue_full_with_retry_after() -> None:
+    release = threading.Event()
+
+    def slow(items: list[int]) -> list[int]:
+        release.wait(5)
+        return items
+
+    batcher = Batcher(slow, max_batch_size=1, max_wait_ms=0, max_queue=2)
+    batcher.start()
+
+    async def go() -> QueueFull:
+        first = asyncio.ensure_future(batcher.submit(0))  # taken by the worker, blocks
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(batcher.submit(i)) for i in (1, 2)]  # fill the queue
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull) as info:
+            await batcher.submit(3)
+        release.set()
+        assert await first == 0
+        assert await asyncio.gather(*queued) == [1, 2]
+        return info.value
+
+    try:
+        err = _run(go())
+    finally:
+        batcher.stop()
+    assert err.depth == 2
+    assert err.retry_after_s >= 1
+
+
+def test_wait_for_room_waits_instead_of_failing() -> None:
+    batcher = Batcher(Recorder(delay_s=0.005), max_batch_size=2, max_wait_ms=1, max_queue=2)
+    batcher.start()
+
+    async def go() -> list[int]:
+        return await asyncio.gather(*(batcher.submit(i, wait_for_room=True) for i in range(20)))
+
+    try:
+        assert _run(go()) == [2 * i for i in range(20)]
+    finally:
+        batcher.stop()
+
+
+def test_failing_item_fails_alone_and_worker_survives() -> None:
+    def picky(items: list[int]) -> list[int]:
+        if 13 in items:
+            raise ValueError("unlucky item")
+        return [x + 1 for x in items]
+
+    batcher = Batcher(picky, max_batch_size=8, max_wait_ms=30, max_queue=64)
+    batcher.start()
+
+    async def go() -> list[object]:
+        return await asyncio.gather(
+            *(batcher.submit(i) for i in (1, 13, 2)), return_exceptions=True
+        )
+
+    try:
+        results = _run(go())
+        assert results[0] == 2 and results[2] == 3
+        assert isinstance(results[1], ValueError)
+        assert _run(batcher.submit(5)) == 6  # still serving
+        assert batcher.running
+    finally:
+        batcher.stop()
+
+
+def test_wrong_result_count_is_an_error_not_a_hang() -> None:
+    batcher = Batcher(lambda items: [], max_batch_size=1, max_wait_ms=0, max_queue=4)
+    batcher.start()
+    try:
+        with pytest.raises(RuntimeError, match="returned 0 results"):
+            _run(batcher.submit(1))
+    finally:
+        batcher.stop()
+
+
+def test_submit_before_start_and_after_stop() -> None:
+    batcher = Batcher(Recorder(), max_batch_size=2, max_wait_ms=0, max_queue=4)
+    with pytest.raises(BatcherStopped):
+        _run(batcher.submit(1))
+    batcher.start()
+    assert _run(batcher.submit(1)) == 2
+    batcher.stop()
+    assert not batcher.running
+    with pytest.raises(BatcherStopped):
+        _run(batcher.submit(1))
+
+
+def test_depth_counts_waiting_items() -> None:
+    release = threading.Event()
+
+    def slow(items: list[int]) -> list[int]:
+        release.wait(5)
+        return items
+
+    batcher = Batcher(slow, max_batch_size=1, max_wait_ms=0, max_queue=8)
+    batcher.start()
+
+    async def go() -> int:
+        futures = [asyncio.ensure_future(batcher.submit(i)) for i in range(4)]
+        await asyncio.sleep(0.1)
+        depth = batcher.depth
+        release.set()
+        await asyncio.gather(*futures)
+        return depth
+
+    try:
+        assert _run(go()) == 3  # one in the handler, three waiting
+        assert batcher.depth == 0
+    finally:
+        batcher.stop()
+
+
+def test_invalid_configuration() -> None:
+    with pytest.raises(ValueError):
+        Batcher(Recorder(), max_batch_size=0)
+    with pytest.raises(ValueError):
+        Batcher(Recorder(), max_queue=0)

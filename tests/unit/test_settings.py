@@ -1,0 +1,92 @@
+"""Settings read LAD_* variables (and nothing else does); lists parse in three spellings."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import DEFAULT_STORE_URL, Settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("LAD_"):
+            monkeypatch.delenv(name)
+
+
+def _settings(**kwargs) -> Settings:
+    return Settings(_env_file=None, **kwargs)
+
+
+def test_defaults() -> None:
+    s = _settings()
+    assert s.model == "demo" and s.device == "auto" and s.dtype == "auto"
+    assert s.store_url == DEFAULT_STORE_URL == "var/profiles"
+    assert (s.max_images, s.max_batch_size, s.max_queue) == (12, 8, 64)
+    assert (s.top_k, s.tau, s.posterior_variant, s.mixture) == (2, 5.0, "reference", "linear")
+    assert s.layers is None and s.retrieve_token is None and s.admin_token is None
+    assert s.fallback_to_vanilla is False
+    assert (s.host, s.port) == ("127.0.0.1", 8000)
+
+
+def test_environment_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAD_MODEL", "Qwen/Qwen2.5-VL-3B-Instruct")
+    monkeypatch.setenv("LAD_STORE_URL", "redis://cache:6379/0")
+    monkeypatch.setenv("LAD_MAX_BATCH_SIZE", "16")
+    monkeypatch.setenv("LAD_FALLBACK_TO_VANILLA", "true")
+    monkeypatch.setenv("LAD_ADMIN_TOKEN", "s3cret")
+    monkeypatch.setenv("LAD_POSTERIOR_VARIANT", "logmean")
+    monkeypatch.setenv("LAD_TAU", "2.5")
+    monkeypatch.setenv("MODEL", "ignored-without-prefix")
+    s = _settings()
+    assert s.model == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert s.store_url == "redis://cache:6379/0"
+    assert s.max_batch_size == 16 and s.fallback_to_vanilla is True
+    assert s.admin_token is not None and s.admin_token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(s)
+    assert s.posterior_variant == "logmean" and s.tau == 2.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("[10, 11]", [10, 11]), ("10,11", [10, 11]), ("13,10", [10, 13]), ("10-13", [10, 11, 12, 13]),
+     ("7", [7]), ("", None)],
+)
+def test_layers_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, expected) -> None:
+    monkeypatch.setenv("LAD_LAYERS", raw)
+    assert _settings().layers == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("LAD_LAYERS", "3,3"), ("LAD_LAYERS", "5-2"), ("LAD_LAYERS", "a,b"), ("LAD_TOP_K", "0"),
+     ("LAD_TAU", "-1"), ("LAD_MIXTURE", "cubic"), ("LAD_MAX_IMAGES", "1"),
+     ("LAD_MAX_QUEUE", "0"), ("LAD_PORT", "70000"), ("LAD_PROMPT_VARIANT", "cot")],
+)
+def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError):
+        _settings()
+
+
+def test_blank_tokens_mean_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAD_RETRIEVE_TOKEN", "  ")
+    assert _settings().retrieve_token is None
+
+
+def test_hyperparameters_recorded_in_profiles() -> None:
+    s = _settings(top_k=3, mixture="log")
+    assert s.method_hyperparameters() == {
+        "top_k": 3, "tau": 5.0, "posterior_variant": "reference", "mixture": "log",
+        "prompt_variant": "vanilla",
+    }
+
+
+def test_env_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = tmp_path / ".env"
+    env.write_text("LAD_MAX_WAIT_MS=12.5\nLAD_KEEP_VERSIONS=9\n")
+    s = Settings(_env_file=str(env))
+    assert s.max_wait_ms == 12.5 and s.keep_versions == 9
