@@ -9,9 +9,6 @@ through the same queue as retrieval, in waves of one batch, so it shares the mod
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import itertools
 import logging
 import time
@@ -20,13 +17,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from app import errors
+from app.decode import ImageInput, check_candidates, check_query, decode_image
 from app.engine import debias
 from app.engine.batcher import Batcher, BatcherStopped, QueueFull
-from app.engine.labels import resolve_labels, scheme_name
+from app.engine.labels import scheme_name
 from app.engine.runner import RetrievalItem
 from app.metrics import Metrics
 from app.schemas import (
@@ -42,7 +40,6 @@ from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, St
 from calibration_store import StoreUnavailable as StoreDown
 
 log = logging.getLogger(__name__)
-ImageInput = str | bytes
 LabelSpec = str | tuple[str, ...]
 V = TypeVar("V")
 
@@ -74,78 +71,14 @@ def _ms(since: float) -> float:
     return (time.perf_counter() - since) * 1e3
 
 
-# ------------------------------------------------------------------------------ decode
-def decode_image(data: ImageInput, where: str, settings: Settings) -> Image.Image:
-    """Base64 (data URL or bare) or raw bytes -> RGB PIL image, within the size limits."""
-    if isinstance(data, str):
-        text = data.strip()
-        if text.startswith("data:"):
-            header, sep, text = text.partition(",")
-            if not sep or not header[5:].startswith("image/") or ";base64" not in header:
-                raise errors.InvalidImage(f"{where}: expected data:image/<type>;base64,<data>")
-        text = "".join(text.split())
-        if len(text) * 3 // 4 > settings.max_image_bytes + 3:
-            raise errors.ImageTooLarge(
-                f"{where} is larger than LAD_MAX_IMAGE_BYTES={settings.max_image_bytes} bytes"
-            )
-        try:
-            raw = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise errors.InvalidImage(f"{where} is not valid base64") from None
-    else:
-        raw = data
-    if not raw:
-        raise errors.InvalidImage(f"{where} is empty")
-    if len(raw) > settings.max_image_bytes:
-        raise errors.ImageTooLarge(
-            f"{where} has {len(raw)} bytes; the limit is LAD_MAX_IMAGE_BYTES="
-            f"{settings.max_image_bytes}"
-        )
-    try:
-        with Image.open(io.BytesIO(raw)) as probe:
-            width, height = probe.size
-            if width * height > settings.max_image_pixels:
-                raise errors.ImageTooLarge(
-                    f"{where} is {width}x{height} pixels; the limit is "
-                    f"LAD_MAX_IMAGE_PIXELS={settings.max_image_pixels}"
-                )
-            probe.verify()
-        with Image.open(io.BytesIO(raw)) as image:
-            return image.convert("RGB")
-    except Image.DecompressionBombError:
-        raise errors.ImageTooLarge(f"{where} is a decompression bomb") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise errors.InvalidImage(f"{where} is not a readable image ({exc})") from None
-
-
-def check_query(query: str, settings: Settings, where: str = "query") -> str:
-    if not query.strip():
-        raise errors.InvalidQuery(f"{where} is empty")
-    if len(query) > settings.max_query_chars:
-        raise errors.InvalidQuery(
-            f"{where} has {len(query)} characters; LAD_MAX_QUERY_CHARS={settings.max_query_chars}"
-        )
-    return query
-
-
-def check_candidates(n: int, labels: str | Sequence[str], settings: Settings,
-                     where: str = "images") -> list[str]:
-    """N within limits and a label scheme that can name N images; returns the labels."""
-    if n < 2:
-        raise errors.TooFewImages(f"{where} has {n} image(s); retrieval needs N >= 2 candidates")
-    if n > settings.max_images:
-        raise errors.TooManyImages(
-            f"{where} has {n} images; the limit is LAD_MAX_IMAGES={settings.max_images}"
-        )
-    try:
-        return resolve_labels(labels, n)
-    except ValueError as exc:
-        raise errors.InvalidLabels(str(exc)) from None
-
-
-def apply_method(method: str, s: np.ndarray, a: np.ndarray, profile: Profile | None,
-                 settings: Settings, rotated: Sequence[np.ndarray] = ()
-                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def apply_method(
+    method: str,
+    s: np.ndarray,
+    a: np.ndarray,
+    profile: Profile | None,
+    settings: Settings,
+    rotated: Sequence[np.ndarray] = (),
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(probabilities, posterior π or None, debiased scores d or None) for one instance.
 
     `rotated` holds the scores of the N cyclic rotations (perm_avg only, rotation r first).
@@ -161,7 +94,10 @@ def apply_method(method: str, s: np.ndarray, a: np.ndarray, profile: Profile | N
         d = debias.pride_scores(s, profile.bias_matrix_array())
         return debias.softmax(d), None, d
     posterior = debias.attention_posterior(
-        a, profile.attention_prior_array(), top_k=settings.top_k, tau=settings.tau,
+        a,
+        profile.attention_prior_array(),
+        top_k=settings.top_k,
+        tau=settings.tau,
         variant=settings.posterior_variant,
     )
     if method == "attn_pure":
@@ -174,8 +110,9 @@ def apply_method(method: str, s: np.ndarray, a: np.ndarray, profile: Profile | N
 class Service:
     """One model, one queue, one store: everything the routes need."""
 
-    def __init__(self, settings: Settings, runner: Any, store: ProfileStore,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, runner: Any, store: ProfileStore, metrics: Metrics
+    ) -> None:
         self.settings = settings
         self.runner = runner
         self.store = store
@@ -253,13 +190,15 @@ class Service:
         in waves of one batch, so that calibration leaves room for retrieval traffic."""
         try:
             if not bulk:
-                return list(await asyncio.gather(
-                    *(self.batcher.submit(w, wait_for_room=i > 0) for i, w in enumerate(works))
-                ))
+                return list(
+                    await asyncio.gather(
+                        *(self.batcher.submit(w, wait_for_room=i > 0) for i, w in enumerate(works))
+                    )
+                )
             out: list[WorkResult] = []
             wave = self.settings.max_batch_size
             for start in range(0, len(works), wave):
-                chunk = works[start:start + wave]
+                chunk = works[start : start + wave]
                 out += await asyncio.gather(
                     *(self.batcher.submit(w, wait_for_room=True) for w in chunk)
                 )
@@ -276,11 +215,7 @@ class Service:
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         key = (labels, n)
         if key not in self._fingerprints:
-            fp = self.runner.fingerprint(labels, n)
-            data = fp.as_dict() if hasattr(fp, "as_dict") else dict(vars(fp))
-            if "revision" in data:  # the runner says revision, the profile model_revision
-                data["model_revision"] = data.pop("revision")
-            self._fingerprints[key] = Fingerprint.of(data)
+            self._fingerprints[key] = Fingerprint.of(self.runner.fingerprint(labels, n))
         return self._fingerprints[key]
 
     def key(self, name: str, labels: str, n: int) -> ProfileKey:
@@ -321,9 +256,16 @@ class Service:
         return profile
 
     # -------------------------------------------------------------------- retrieve
-    async def retrieve(self, *, query: str, images: Sequence[ImageInput], method: str,
-                       profile: str, labels: str | Sequence[str],
-                       return_details: bool) -> RetrieveResponse:
+    async def retrieve(
+        self,
+        *,
+        query: str,
+        images: Sequence[ImageInput],
+        method: str,
+        profile: str,
+        labels: str | Sequence[str],
+        return_details: bool,
+    ) -> RetrieveResponse:
         t0 = time.perf_counter()
         label_spec = _labels_key(labels)
         check_query(query, self.settings)
@@ -337,9 +279,9 @@ class Service:
                 raise errors.CalibrationRequired(
                     f"no calibration for model {self.model_id!r}, profile {profile!r}, "
                     f"labels {scheme_name(label_spec)!r} and N={n}: POST /v1/calibrate with "
-                    f"{{\"profile\": \"{profile}\", \"examples\": [...]}} holding 1-64 "
+                    f'{{"profile": "{profile}", "examples": [...]}} holding 1-64 '
                     f"(5 recommended) examples of {n} images each with their answer, or use "
-                    "method \"vanilla\" or \"perm_avg\""
+                    'method "vanilla" or "perm_avg"'
                 )
             if stored is None:
                 method = "vanilla"
@@ -366,10 +308,12 @@ class Service:
         t2 = time.perf_counter()
         debiased = method != "vanilla"
         self.metrics.predicted_position.labels(
-            method=method, position=str(int(np.argmax(s))), kind="raw").inc()
+            method=method, position=str(int(np.argmax(s))), kind="raw"
+        ).inc()
         if debiased:
             self.metrics.predicted_position.labels(
-                method=method, position=str(index), kind="debiased").inc()
+                method=method, position=str(index), kind="debiased"
+            ).inc()
         details = None
         if return_details:
             details = RetrieveDetails(
@@ -430,10 +374,12 @@ class Service:
                     f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < N={n}"
                 )
         fp = self.fingerprint(label_spec, n)
-        decoded = await run_in_threadpool(lambda: [
-            self.decode_images(ex.images, f"examples[{m}].images")
-            for m, ex in enumerate(request.examples)
-        ])
+        decoded = await run_in_threadpool(
+            lambda: [
+                self.decode_images(ex.images, f"examples[{m}].images")
+                for m, ex in enumerate(request.examples)
+            ]
+        )
         works, gt = [], []
         for ex, pil in zip(request.examples, decoded, strict=True):
             for shift in range(n):

@@ -14,7 +14,7 @@ Public API (stable)::
     ForwardResult(scores: list[np.ndarray (N_i,)],                      # s, log-probs
                   attention: list[np.ndarray (|Λ|, N_i)],               # a_k^(l)
                   timings_ms: {"forward": ms, "score": ms})             # batch totals
-    Fingerprint(model_id, revision, dtype, attention_backend, prompt_hash,
+    Fingerprint(model_id, model_revision, dtype, attention_backend, prompt_hash,
                 label_scheme, n).as_dict()                              # frozen
     Runner(model, processor, *, model_id="in-memory", revision=None, layers=None,
            prompt_variant="vanilla", threads=None)
@@ -75,7 +75,7 @@ class Fingerprint:
     """What a calibration profile is valid for (DESIGN §2.3)."""
 
     model_id: str
-    revision: str | None
+    model_revision: str | None
     dtype: str
     attention_backend: str
     prompt_hash: str
@@ -167,7 +167,7 @@ class Runner:
         resolve_labels(labels, n)  # same validation as forward
         return Fingerprint(
             model_id=self.model_id,
-            revision=self.revision,
+            model_revision=self.revision,
             dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=f"{self.attention_backend}(sdpa)",
             prompt_hash=prompt_hash(self.prompt_variant, self.adapter.chat_template()),

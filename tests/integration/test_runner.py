@@ -157,7 +157,7 @@ def test_fingerprint_fields(runner: Runner) -> None:
     fp = runner.fingerprint("digits", 4)
     assert fp.as_dict() == {
         "model_id": "tiny-qwen2_5_vl",
-        "revision": None,
+        "model_revision": None,
         "dtype": "float32",
         "attention_backend": "lad_capture(sdpa)",
         "prompt_hash": prompt_hash("vanilla", runner.adapter.chat_template()),
