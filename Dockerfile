@@ -9,7 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
     LAD_HOST=0.0.0.0 \
-    LAD_PORT=8000
+    LAD_PORT=8000 \
+    LAD_STORE_URL=/srv/lad/var/profiles
 
 RUN useradd --create-home --uid 10001 lad
 WORKDIR /srv/lad
@@ -23,7 +24,7 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY calibration_store ./calibration_store
-RUN pip install ".[redis]"
+RUN pip install ".[redis]" && mkdir -p /srv/lad/var && chown lad /srv/lad/var
 
 USER lad
 EXPOSE 8000
