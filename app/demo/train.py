@@ -9,8 +9,9 @@ Recipe (see app/demo/model/README.md for why):
 3. the training answer is drawn from a position-conditional corruption Q(answer | GT
    position) (``answer_distribution``): the answer head inherits a conditional position
    bias, as real MLLMs inherit one from their data;
-4. an auxiliary loss on the last prompt token's attention mass over the image spans in
-   the upper layers ties the attention to the true GT image (the model card says so).
+4. an auxiliary loss on the attention mass of the caption tokens and of the last prompt
+   token over the image spans, in the layers Λ, ties the attention to the true GT image
+   (the model card says so).
 
 Everything is deterministic given ``--seed`` and ``--threads``.
 """
@@ -149,8 +150,8 @@ def curriculum(progress: float) -> tuple[list[int], float]:
 def train(
     out_dir: Path,
     *,
-    caption_steps: int = 1500,
-    retrieval_steps: int = 3000,
+    caption_steps: int = 1200,
+    retrieval_steps: int = 6800,
     batch_size: int = 16,
     lr: float = 2e-3,
     seed: int = 0,
@@ -255,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point of ``lad demo train``."""
     ap = argparse.ArgumentParser(prog="lad demo train", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model directory")
-    ap.add_argument("--steps", type=int, default=4500, help="total optimiser steps")
-    ap.add_argument("--caption-fraction", type=float, default=1 / 3,
+    ap.add_argument("--steps", type=int, default=8000, help="total optimiser steps")
+    ap.add_argument("--caption-fraction", type=float, default=0.15,
                     help="share of the steps spent on stage 1 (captioning)")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
