@@ -10,9 +10,10 @@ processor call to the answer, median over repetitions:
 
 Prompt length is set through the image size (a Qwen-style image processor gives
 (side/28)^2 tokens per image), so "~300" and "~1500" tokens hold for N=4 and N=12.
-Every (variant, tokens, N) cell runs in its own subprocess, so peak memory is that of
-the request alone: the resident set is sampled every 0.5 ms during the repetitions and
-reported above the level measured right before the first forward.
+Latency: the three variants run interleaved in one process, round by round, so they see
+the same machine state. Peak memory: each variant in a fresh process, the resident set
+sampled every 0.5 ms during three requests and reported above the level measured right
+before the first one.
 """
 
 from __future__ import annotations
@@ -109,24 +110,18 @@ def _items(n: int, side: int, query: str):
 QUERY = "a small red circle at the top on a striped background"
 
 
-def run_cell(model: str, variant: str, side: int, n: int, reps: int, threads: int) -> dict:
-    """Worker body: build, warm up, time ``reps`` requests, sample peak memory."""
+def _variant_call(runner, variant: str, items, bias_matrix, prior):
+    """One request of ``variant``; switching the attention backend is not part of the call."""
     import torch
 
     from app.engine import debias
+    from app.engine.attention import CAPTURE_IMPLEMENTATION
 
-    runner = _build(model, side, threads)
-    items = _items(n, side, QUERY)
-    layers = len(runner.layers)
-    rng = np.random.default_rng(0)
-    bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
-    prior = rng.dirichlet(np.ones(n), size=layers)
-    model_ = runner.model
-    adapter = runner.adapter
-    if variant == "sdpa":
-        model_.set_attn_implementation(adapter.attn_implementation("sdpa", "sdpa"))
-    elif variant == "eager":
-        model_.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
+    model, adapter = runner.model, runner.adapter
+    text_backend = {"sdpa": "sdpa", "agd": CAPTURE_IMPLEMENTATION, "eager": "eager"}[variant]
+
+    def select() -> None:
+        model.set_attn_implementation(adapter.attn_implementation(text_backend, "sdpa"))
 
     def once() -> None:
         if variant == "agd":
@@ -135,38 +130,57 @@ def run_cell(model: str, variant: str, side: int, n: int, reps: int, threads: in
             debias.debias_scores(out.scores[0], bias_matrix, posterior)
             return
         with torch.inference_mode():
-            batch = runner.encode(items)
-            kwargs = adapter.prompt_kwargs(batch)
-            if variant == "eager":
-                model_(**kwargs, use_cache=False, logits_to_keep=1, output_attentions=True)
-            else:
-                model_(**kwargs, use_cache=False, logits_to_keep=1)
+            kwargs = adapter.prompt_kwargs(runner.encode(items))
+            extra = {"output_attentions": True} if variant == "eager" else {}
+            model(**kwargs, use_cache=False, logits_to_keep=1, **extra)
 
-    prompt_tokens = int(runner.encode(items).input_ids.shape[1])
-    import gc
+    return select, once
 
-    gc.collect()
-    times = []
-    with PeakSampler() as sampler:
-        base = sampler.peak
-        for _ in range(reps + 1):  # the first one is a warm-up, not timed
+
+def _setup(model: str, side: int, n: int, threads: int):
+    runner = _build(model, side, threads)
+    items = _items(n, side, QUERY)
+    rng = np.random.default_rng(0)
+    bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
+    prior = rng.dirichlet(np.ones(n), size=len(runner.layers))
+    calls = {v: _variant_call(runner, v, items, bias_matrix, prior) for v in VARIANTS}
+    tokens = int(runner.encode(items).input_ids.shape[1])
+    return calls, tokens
+
+
+def measure_latency(model: str, side: int, n: int, reps: int, threads: int) -> dict:
+    """Per-variant request times (ms), the three variants interleaved round by round.
+
+    Interleaving (and rotating the order every round) exposes the variants to the same
+    machine state, which matters on a shared 2-core machine at ~10 ms per request.
+    """
+    calls, tokens = _setup(model, side, n, threads)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for rnd in range(reps + 1):  # round 0 is a warm-up
+        order = VARIANTS[rnd % 3 :] + VARIANTS[: rnd % 3]
+        for variant in order:
+            select, once = calls[variant]
+            select()
             start = time.perf_counter()
             once()
-            times.append((time.perf_counter() - start) * 1e3)
-    timed = np.array(times[1:])
-    return asdict(
-        Cell(
-            variant=variant,
-            target_tokens=0,
-            n=n,
-            prompt_tokens=prompt_tokens,
-            image_side=side,
-            median_ms=float(np.median(timed)),
-            p90_ms=float(np.percentile(timed, 90)),
-            peak_mib=(sampler.peak - base) / 2**20,
-            reps=reps,
-        )
-    )
+            if rnd:
+                times[variant].append((time.perf_counter() - start) * 1e3)
+    return {"prompt_tokens": tokens, "times_ms": times}
+
+
+def measure_peak(model: str, variant: str, side: int, n: int, threads: int) -> float:
+    """Peak resident memory (MiB) above the level before the first request, fresh process."""
+    import gc
+
+    calls, _ = _setup(model, side, n, threads)
+    select, once = calls[variant]
+    select()
+    gc.collect()
+    with PeakSampler() as sampler:
+        base = sampler.peak
+        for _ in range(3):
+            once()
+    return (sampler.peak - base) / 2**20
 
 
 def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
@@ -180,6 +194,17 @@ def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
         if tokens > target:
             break
     return best
+
+
+def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int):
+    """Run one measurement in a fresh interpreter (so memory peaks do not mix)."""
+    cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
+           "--reps", str(args.reps), "--threads", str(args.threads),
+           "--worker", kind, variant, str(side), str(n)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench worker failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def render(cells: list[Cell]) -> str:
@@ -209,30 +234,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--out", default="bench/results/engine.json")
     parser.add_argument(
-        "--worker", nargs=3, metavar=("VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
+        "--worker", nargs=4, metavar=("KIND", "VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
 
     if args.worker:
-        variant, side, n = args.worker
-        cell = run_cell(args.model, variant, int(side), int(n), args.reps, args.threads)
-        print(json.dumps(cell))
+        kind, variant, side, n = args.worker
+        if kind == "latency":
+            result = measure_latency(args.model, int(side), int(n), args.reps, args.threads)
+        else:
+            result = measure_peak(args.model, variant, int(side), int(n), args.threads)
+        print(json.dumps(result))
         return 0
 
     cells: list[Cell] = []
     for target in (int(t) for t in args.tokens.split(",")):
         for n in (int(x) for x in args.n.split(",")):
             side, _ = side_for(args.model, target, n, args.threads)
+            latency = _worker(args, "latency", "-", side, n)
             for variant in VARIANTS:
-                cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
-                       "--reps", str(args.reps), "--threads", str(args.threads),
-                       "--worker", variant, str(side), str(n)]  # fmt: skip
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    print(done.stderr[-3000:], file=sys.stderr)
-                    return 1
-                cell = Cell(**json.loads(done.stdout.strip().splitlines()[-1]))
-                cell.target_tokens = target
+                timed = np.array(latency["times_ms"][variant])
+                cell = Cell(
+                    variant=variant,
+                    target_tokens=target,
+                    n=n,
+                    prompt_tokens=latency["prompt_tokens"],
+                    image_side=side,
+                    median_ms=float(np.median(timed)),
+                    p90_ms=float(np.percentile(timed, 90)),
+                    peak_mib=_worker(args, "memory", variant, side, n),
+                    reps=args.reps,
+                )
                 cells.append(cell)
                 print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
                       f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
