@@ -9,8 +9,10 @@ layers in Λ, also computes one extra row
     A^(l,h)[t_q -> :] = softmax(q_{t_q} · Kᵀ · scaling + mask[t_q, :])
 
 per head (grouped-query heads expanded by reshaping the query, not the keys),
-averaged over heads. Nothing of size T x T is materialised beyond the boolean
-mask transformers already builds, and the model is never switched to eager.
+averaged over heads. t_q is the last column by default, or a per-row query index
+when the runner appends label tokens after the prompt (``app.engine.runner``).
+Nothing of size T x T is materialised beyond the boolean mask transformers
+already builds, and the model is never switched to eager.
 The matching mask function is registered under the same name with
 ``AttentionMaskInterface``; without it transformers would silently build no
 mask at all (padding ignored).
@@ -24,7 +26,8 @@ Public API::
     register_capture() -> str                       # idempotent; returns the name
     enable_capture(model, adapter) -> None          # text -> lad_capture, vision -> sdpa
     default_layers(num_layers, start_fraction=0.58) -> tuple[int, ...]    # Λ
-    capture(layers) -> ContextManager[AttentionCapture]
+    capture(layers, query_index=None) -> ContextManager[AttentionCapture]
+        # query_index: optional LongTensor (B,) of t_q per row (default: last column)
     AttentionCapture.rows: dict[int, Tensor (B, S)]  # head-mean attention row per layer
     aggregate_spans(capture, layers, spans) -> list[np.ndarray (|Λ|, N_i)]   # a_k^(l)
 """
@@ -46,10 +49,14 @@ CAPTURE_IMPLEMENTATION = "lad_capture"
 
 
 class AttentionCapture:
-    """Rows recorded during one prompt forward: layer index -> (B, S) head-mean attention."""
+    """Rows recorded during one prompt forward: layer index -> (B, S) head-mean attention.
 
-    def __init__(self, layers: Sequence[int]) -> None:
+    ``query_index`` (B,) names t_q per row; None means the last column.
+    """
+
+    def __init__(self, layers: Sequence[int], query_index: torch.Tensor | None = None) -> None:
         self.layers = frozenset(int(layer) for layer in layers)
+        self.query_index = query_index
         self.rows: dict[int, torch.Tensor] = {}
 
     def wants(self, layer_idx: int | None) -> bool:
@@ -66,27 +73,40 @@ def last_row_attention(
     key: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None,
+    query_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Post-softmax attention of the last query position, mean over heads: (B, S).
+    """Post-softmax attention of one query position per row, mean over heads: (B, S).
 
-    query (B, H, Q, D); key (B, H_kv, S, D); attention_mask (B, 1|H, Q, S) bool
-    (True = attend) or additive float, or None (plain causal: the last query sees
-    every key). Computed in float32.
+    query (B, H, Q, D); key (B, H_kv, S, D); attention_mask (B|1, 1|H, Q, S) bool
+    (True = attend) or additive float, or None (plain causal); query_index (B,)
+    long, the query position t_q of each row (default: the last, Q - 1). Only the
+    B selected query rows and their mask rows are touched. Computed in float32.
     """
-    batch, heads, _, dim = query.shape
+    batch, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = dim**-0.5 if scaling is None else scaling
+    if query_index is None:
+        index = torch.full((batch,), q_len - 1, dtype=torch.long, device=query.device)
+    else:
+        index = query_index.to(device=query.device, dtype=torch.long)
+    rows = torch.arange(batch, device=query.device)
     # (B, H_kv, G, D) @ (B, H_kv, D, S): query heads h = kv * G + g share key head kv
-    q_last = query[:, :, -1, :].float().reshape(batch, kv_heads, groups, dim)
-    scores = torch.matmul(q_last, key.float().transpose(-1, -2)) * scale
+    q_row = query[rows, :, index, :].float().reshape(batch, kv_heads, groups, dim)
+    scores = torch.matmul(q_row, key.float().transpose(-1, -2)) * scale
     scores = scores.reshape(batch, heads, kv_len)
     if attention_mask is not None:
-        mask_row = attention_mask[:, :, -1, -kv_len:]
+        mask_rows = rows if attention_mask.shape[0] == batch else torch.zeros_like(rows)
+        mask_row = attention_mask[mask_rows, :, index, -kv_len:]  # (B, 1|H, S)
         if mask_row.dtype == torch.bool:
             scores = scores.masked_fill(~mask_row, float("-inf"))
         else:
             scores = scores + mask_row.float()
+    elif query_index is not None:
+        # plain causal: query q sees keys up to q + (S - Q)
+        keys = torch.arange(kv_len, device=query.device)
+        visible = keys[None, :] <= (index + (kv_len - q_len))[:, None]  # (B, S)
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1).mean(dim=1)
 
 
@@ -106,7 +126,9 @@ def capture_attention_forward(
     layer_idx = getattr(module, "layer_idx", None)
     if session is not None and session.wants(layer_idx):
         with torch.no_grad():
-            session.rows[layer_idx] = last_row_attention(query, key, attention_mask, scaling)
+            session.rows[layer_idx] = last_row_attention(
+                query, key, attention_mask, scaling, session.query_index
+            )
     return sdpa_attention_forward(
         module,
         query,
@@ -142,9 +164,14 @@ def default_layers(num_layers: int, start_fraction: float = 0.58) -> tuple[int, 
 
 
 @contextlib.contextmanager
-def capture(layers: Sequence[int]) -> Iterator[AttentionCapture]:
-    """Record the t_q attention row of ``layers`` during the forward calls inside the block."""
-    session = AttentionCapture(layers)
+def capture(
+    layers: Sequence[int], query_index: torch.Tensor | None = None
+) -> Iterator[AttentionCapture]:
+    """Record the t_q attention row of ``layers`` during the forward calls inside the block.
+
+    ``query_index`` (B,) gives t_q per row when it is not the last column.
+    """
+    session = AttentionCapture(layers, query_index)
     token = _ACTIVE.set(session)
     try:
         yield session

@@ -8,8 +8,9 @@ Two jobs live here:
 * restricted trie scoring: the labels' token sequences form a trie; at every node
   the next-token logits are normalised over that node's children only (plus EOS
   where a label ends at an inner node), so that sum_j exp(s_j) = 1 exactly.
-  Nodes below the root are scored from the prompt's KV cache through a
-  caller-supplied ``step`` function, one batched call per trie depth.
+  Nodes below the root are scored through a caller-supplied ``step`` function, one
+  batched call per trie depth (the runner serves it from the prompt's KV cache, or,
+  when the branching nodes form one chain, from logits of the same prompt forward).
 
 The scoring is model-agnostic: the runner owns the model and the cache and hands
 in ``root_logits`` and ``step``; this module only does the bookkeeping and the
@@ -32,7 +33,7 @@ SCHEMES: tuple[str, ...] = ("digits", "upper", "lower", "roman", "words")
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``step(rows, paths) -> logits``: rows LongTensor (R,) of batch-row indices, paths
 LongTensor (R, d) of label tokens appended right after each row's prompt; returns the
-next-token logits (R, V) after the last path token, computed from the prompt's KV cache."""
+next-token logits (R, V) after the last path token (never by re-running the prompt)."""
 
 _ONES = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",

@@ -1,12 +1,22 @@
 """The runner: a batch of (query, images) -> label scores s and attention evidence a, one forward.
 
-Per batch there is exactly ONE prompt forward (``logits_to_keep=1``; attention
-rows of the layers in Λ captured inside SDPA, see ``app.engine.attention``),
-followed by the label trie's cached steps (DESIGN §2.1): for every trie depth
-d >= 1 that has a branching node, one batched step that feeds the d label
-tokens of each requested path on top of a row-selected copy of the prompt's KV
-cache. ``generate()`` is never used. Items in one batch may have different N and
-different images; rows are left-padded so t_q is the last column.
+Per batch there is exactly ONE prompt forward (attention rows of the layers in
+Λ captured inside SDPA at t_q, see ``app.engine.attention``). Label nodes below
+the trie's root (DESIGN §2.1) are scored in one of two ways:
+
+* folded (the common case, e.g. digits "1".."12"): when every row's branching
+  nodes below the root lie on one chain, the chain's tokens are appended to the
+  prompt. Attention is causal, so nothing at positions <= t_q changes, and the
+  same single forward (``use_cache=False``, ``logits_to_keep = D + 1``) yields the
+  root logits at t_q and the logits after every chain prefix at t_q+1 .. t_q+D.
+  Rows are re-padded on the left so they stay right-aligned; t_q of row r is
+  column ``width - 1 - d_r``.
+* cached steps (fallback, e.g. number words): for every trie depth d >= 1 that
+  has a branching node, one batched step that feeds the d label tokens of each
+  requested path on top of a row-selected copy of the prompt's KV cache.
+
+``generate()`` is never used. Items in one batch may have different N and
+different images; rows are left-padded.
 
 Public API (stable)::
 
@@ -45,7 +55,13 @@ from app.engine.attention import (
     default_layers,
     enable_capture,
 )
-from app.engine.labels import LabelTrie, resolve_labels, scheme_name, score_label_tries
+from app.engine.labels import (
+    LabelTrie,
+    StepFn,
+    resolve_labels,
+    scheme_name,
+    score_label_tries,
+)
 from app.models.base import FamilyAdapter, PromptBatch
 from app.models.prompts import prompt_hash, prompt_text
 from app.models.registry import adapter_for
@@ -96,6 +112,81 @@ def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
     return selected
 
 
+def chain_path(trie: LabelTrie) -> tuple[int, ...] | None:
+    """The path of the deepest branching node below the root, if every branching node
+    below the root is a prefix of it (``()`` when there is none); else None (no fold)."""
+    below = [trie.nodes[k] for d in range(1, trie.max_depth) for k in trie.branching_nodes(d)]
+    if not below:
+        return ()
+    deepest = max(below, key=lambda node: node.depth).path
+    if all(deepest[: node.depth] == node.path for node in below):
+        return deepest
+    return None
+
+
+def fold_batch(
+    batch: PromptBatch, chains: Sequence[tuple[int, ...]], pad_id: int
+) -> tuple[PromptBatch, torch.Tensor]:
+    """Append each row's chain tokens to its prompt, re-padded on the LEFT.
+
+    Every (B, T) token-level tensor becomes (B, T + D) with D = the longest chain:
+    row r gets D - d_r extra left pads (``pad_id`` in input_ids, 0 elsewhere, mask
+    0), then its old row, then its d_r chain tokens (mask 1, token type 0 = text).
+    Pixel inputs are unchanged. Returns the batch and t_q per row (B,): the index
+    of the last prompt token, ``T + D - 1 - d_r``.
+    """
+    ids = batch.input_ids
+    rows, width = ids.shape
+    depth = max(len(c) for c in chains)
+    inputs: dict[str, torch.Tensor] = {}
+    for key, value in batch.inputs.items():
+        if not (isinstance(value, torch.Tensor) and value.shape == ids.shape):
+            inputs[key] = value
+            continue
+        fill = pad_id if key == "input_ids" else 0
+        folded = value.new_full((rows, width + depth), fill)
+        for r, chain in enumerate(chains):
+            shift = depth - len(chain)
+            folded[r, shift : shift + width] = value[r]
+            if key == "input_ids":
+                folded[r, shift + width :] = torch.tensor(
+                    chain, dtype=value.dtype, device=value.device
+                )
+            elif key == "attention_mask":
+                folded[r, shift + width :] = 1
+        inputs[key] = folded
+    lengths = torch.tensor([len(c) for c in chains], dtype=torch.long, device=ids.device)
+    query_index = width + depth - 1 - lengths
+    return PromptBatch(inputs, list(batch.n_images), dict(batch.extra)), query_index
+
+
+def folded_scoring(
+    logits: torch.Tensor, chains: Sequence[tuple[int, ...]]
+) -> tuple[torch.Tensor, StepFn]:
+    """Root logits (B, V) and a ``step`` that looks up chain-prefix logits; no forward.
+
+    ``logits`` (B, D + 1, V) are the kept last D + 1 columns of the folded forward:
+    row r's t_q is kept column D - d_r and the logits after its chain prefix of
+    length k are at column D - d_r + k. ``step`` only serves prefixes of the chain.
+    """
+    depth = logits.shape[1] - 1
+    offsets = torch.tensor([depth - len(c) for c in chains], dtype=torch.long)
+    rows_all = torch.arange(len(chains))
+    root = logits[rows_all.to(logits.device), offsets.to(logits.device)]
+
+    def step(rows: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+        k = paths.shape[1]
+        columns = []
+        for r, path in zip(rows.tolist(), paths.tolist(), strict=True):
+            if k > len(chains[r]) or tuple(path) != chains[r][:k]:
+                raise RuntimeError(f"path {path} of row {r} is not on its folded chain")
+            columns.append(int(offsets[r]) + k)
+        cols = torch.tensor(columns, dtype=torch.long, device=logits.device)
+        return logits[rows.to(logits.device), cols]
+
+    return root, step
+
+
 class Runner:
     """Holds one model with its processor and family adapter; thread-safe ``forward``."""
 
@@ -127,6 +218,7 @@ class Runner:
         enable_capture(self.model, self.adapter)
         self._lock = threading.Lock()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
+        self._fold_chains = True  # False forces the cached-step path (tests compare both)
 
     # ---- properties -------------------------------------------------------------------
     @property
@@ -191,47 +283,95 @@ class Runner:
             if not item.images:
                 raise ValueError("every item needs at least one image")
         tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
-        needs_steps = any(t.branching_nodes(d) for t in tries for d in range(1, t.max_depth))
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            batch = self.encode(items, labels)
-            with capture(self.layers) as session:
-                out = self.model(
-                    **self.adapter.prompt_kwargs(batch), use_cache=needs_steps, logits_to_keep=1
-                )
-            last = self.adapter.last_positions(batch)
-            spans = [
-                self.adapter.image_spans(batch.input_ids[row], n)
-                for row, n in enumerate(batch.n_images)
-            ]
-            attention = aggregate_spans(session, self.layers, spans)
+            return self._forward_encoded(self.encode(items, labels), tries, start)
+
+    def _forward_encoded(
+        self, batch: PromptBatch, tries: Sequence[LabelTrie], start: float | None = None
+    ) -> ForwardResult:
+        """Forward and score an encoded batch, row r with ``tries[r]`` (any mix of schemes).
+
+        Folds when every row's trie branches along one chain (and ``_fold_chains``),
+        else runs the prompt forward plus cached steps. The caller holds the lock.
+        """
+        start = time.perf_counter() if start is None else start
+        chains = [chain_path(t) for t in tries]
+        fold = self._fold_chains and all(c is not None for c in chains)
+        with torch.inference_mode():
+            if fold:
+                logits, attention, batch_chains = self._folded_forward(batch, chains)
+            else:
+                logits, attention, cache = self._prompt_forward(batch, tries)
             forward_ms = (time.perf_counter() - start) * 1e3
 
             start = time.perf_counter()
-            cache = out.past_key_values
-            mask = batch.attention_mask
-
-            def step(rows: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-                depth = paths.shape[1]
-                step_mask = torch.cat(
-                    [mask.index_select(0, rows), mask.new_ones(len(rows), depth)], 1
-                )
-                step_out = self.model(
-                    input_ids=paths,
-                    attention_mask=step_mask,
-                    position_ids=self.adapter.decode_position_ids(
-                        last.index_select(0, rows), depth
-                    ),
-                    past_key_values=_select_cache_rows(cache, rows),
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                return step_out.logits[:, -1, :]
-
-            scores = score_label_tries(tries, out.logits[:, -1, :], step)
+            if fold:
+                root, step = folded_scoring(logits, batch_chains)
+            else:
+                root, step = logits[:, -1, :], self._cached_step(batch, cache)
+            scores = score_label_tries(tries, root, step)
             score_ms = (time.perf_counter() - start) * 1e3
         return ForwardResult(
             scores=[np.asarray(s, dtype=np.float64) for s in scores],
             attention=attention,
             timings_ms={"forward": forward_ms, "score": score_ms},
         )
+
+    def _capture_forward(
+        self, batch: PromptBatch, query_index: torch.Tensor | None, **kwargs: Any
+    ) -> tuple[Any, list[np.ndarray]]:
+        """The one prompt forward with the t_q rows of Λ captured; returns (output, a)."""
+        with capture(self.layers, query_index) as session:
+            out = self.model(**self.adapter.prompt_kwargs(batch), **kwargs)
+        spans = [
+            self.adapter.image_spans(batch.input_ids[row], n)
+            for row, n in enumerate(batch.n_images)
+        ]
+        return out, aggregate_spans(session, self.layers, spans)
+
+    def _folded_forward(
+        self, batch: PromptBatch, chains: Sequence[tuple[int, ...] | None]
+    ) -> tuple[torch.Tensor, list[np.ndarray], list[tuple[int, ...]]]:
+        """Prompt + each row's chain in one forward; kept logits (B, D + 1, V), a, chains."""
+        rows = [c or () for c in chains]
+        depth = max(len(c) for c in rows)
+        query_index = None
+        if depth:
+            pad_id = self.adapter.tokenizer.pad_token_id
+            pad_id = self.adapter.end_token_id() if pad_id is None else int(pad_id)
+            batch, query_index = fold_batch(batch, rows, pad_id)
+        out, attention = self._capture_forward(
+            batch, query_index, use_cache=False, logits_to_keep=depth + 1
+        )
+        return out.logits, attention, rows
+
+    def _prompt_forward(
+        self, batch: PromptBatch, tries: Sequence[LabelTrie]
+    ) -> tuple[torch.Tensor, list[np.ndarray], DynamicCache | None]:
+        """The plain prompt forward, keeping the KV cache when some row needs steps."""
+        needs_steps = any(t.branching_nodes(d) for t in tries for d in range(1, t.max_depth))
+        out, attention = self._capture_forward(batch, None, use_cache=needs_steps, logits_to_keep=1)
+        return out.logits, attention, out.past_key_values if needs_steps else None
+
+    def _cached_step(self, batch: PromptBatch, cache: DynamicCache | None) -> StepFn:
+        """``step`` of the fallback path: label tokens on top of the prompt's KV cache."""
+        last = self.adapter.last_positions(batch)
+        mask = batch.attention_mask
+
+        def step(rows: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+            if cache is None:
+                raise RuntimeError("a cached step was requested but no KV cache was kept")
+            depth = paths.shape[1]
+            step_mask = torch.cat([mask.index_select(0, rows), mask.new_ones(len(rows), depth)], 1)
+            step_out = self.model(
+                input_ids=paths,
+                attention_mask=step_mask,
+                position_ids=self.adapter.decode_position_ids(last.index_select(0, rows), depth),
+                past_key_values=_select_cache_rows(cache, rows),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            return step_out.logits[:, -1, :]
+
+        return step

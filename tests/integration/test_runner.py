@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import BertConfig
 
-from app.engine.labels import label_token_sequences, resolve_labels
-from app.engine.runner import ForwardResult, RetrievalItem, Runner
+from app.engine.labels import LabelTrie, label_token_sequences, resolve_labels
+from app.engine.runner import ForwardResult, RetrievalItem, Runner, chain_path
+from app.models.base import PromptBatch
 from app.models.loader import load_runner, resolve_dtype, runner_from_model
 from app.models.prompts import prompt_hash
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
-from app.testing.tiny_models import build_tiny, random_images, tiny_runner
+from app.testing.tiny_models import FAMILIES, build_tiny, random_images, tiny_runner
 
 torch.set_num_threads(1)
 
@@ -48,11 +49,11 @@ def _brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) 
         continuation = [*seq, eos]
         extra = torch.tensor([continuation])
         full = dict(kwargs)
+        for key, value in kwargs.items():  # token-level tensors: label tokens are text
+            if isinstance(value, torch.Tensor) and value.shape == batch.input_ids.shape:
+                full[key] = torch.cat([value, torch.zeros_like(extra)], dim=1)
         full["input_ids"] = torch.cat([kwargs["input_ids"], extra], dim=1)
         full["attention_mask"] = torch.ones_like(full["input_ids"])
-        full["mm_token_type_ids"] = torch.cat(
-            [kwargs["mm_token_type_ids"], torch.zeros_like(extra)], dim=1
-        )
         with torch.inference_mode():
             logits = runner.model(**full).logits[0].double()
         start = kwargs["input_ids"].shape[1] - 1
@@ -111,14 +112,93 @@ def test_exactly_one_prompt_forward_and_no_generate(
         runner.forward(_items()[:2])  # N = 4 and 3: single-token labels, no cached steps
         assert calls == [{"pixels": True, "cache": False}]
         calls.clear()
-        runner.forward(_items())  # N = 12 in the batch: "1" vs "10".."12" needs depth 1
-        assert [c["pixels"] for c in calls] == [True, False]
-        assert calls[0]["cache"] is True
+        # N = 12 in the batch: "1" vs "10".."12" (depth 1) folds into the same forward
+        runner.forward(_items())
+        assert calls == [{"pixels": True, "cache": False}]
+        calls.clear()
+        runner.forward(_items()[2:], labels="words")  # branches off one chain: cached steps
+        assert [c["pixels"] for c in calls][:2] == [True, False]
+        assert calls[0]["cache"] is True and len(calls) > 1
     finally:
         handle.remove()
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_chain_path_decides_the_fold(runner: Runner) -> None:
+    def trie(spec: str, n: int) -> LabelTrie:
+        return runner.label_trie(resolve_labels(spec, n))
+
+    one = trie("digits", 12).token_sequences[0]
+    assert chain_path(trie("digits", 12)) == one  # root -> "1" -> {"0", "1", "2", EOS}
+    assert chain_path(trie("digits", 9)) == ()
+    assert chain_path(trie("words", 12)) is None  # "t" and "s" both branch at depth 1
+    assert chain_path(trie("digits", 120)) is None
+    deep = LabelTrie.build([(1,), (1, 2), (1, 3), (1, 2, 4), (1, 2, 5), (6,)], eos_id=9)
+    assert chain_path(deep) == (1, 2)
+    fork = LabelTrie.build([(1, 2, 4), (1, 2, 5), (1, 3, 4), (1, 3, 5)], eos_id=9)
+    assert chain_path(fork) is None
+
+
+def _mixed_batch(
+    runner: Runner,
+) -> tuple[list[RetrievalItem], list[str], list[LabelTrie], PromptBatch]:
+    """Rows: N=12 digits, N=3 digits, N=12 number words (each row its own scheme)."""
+    items = [_items()[2], _items()[1], RetrievalItem("a quiet harbour", _items()[2].images)]
+    specs = ["digits", "digits", "words"]
+    prompts = [runner.prompts([it], spec)[0] for it, spec in zip(items, specs, strict=True)]
+    batch = runner.adapter.encode(prompts, [list(it.images) for it in items])
+    tries = [
+        runner.label_trie(resolve_labels(spec, len(it.images)))
+        for it, spec in zip(items, specs, strict=True)
+    ]
+    return items, specs, tries, batch.to(runner.device, runner.dtype)
+
+
+def test_mixed_batch_falls_back_to_cached_steps(runner: Runner) -> None:
+    items, specs, tries, batch = _mixed_batch(runner)
+    assert [chain_path(t) is None for t in tries] == [False, False, True]
+    caches: list[object] = []
+    handle = runner.model.register_forward_pre_hook(
+        lambda _m, _a, kw: caches.append(kw.get("use_cache")), with_kwargs=True
+    )
+    try:
+        result = runner._forward_encoded(batch, tries)
+    finally:
+        handle.remove()
+    assert caches[0] is True and len(caches) > 1  # prompt forward, then cached steps
+    for item, spec, scores in zip(items, specs, result.scores, strict=True):
+        labels = resolve_labels(spec, len(item.images))
+        expected = _brute_force_scores(runner, item, labels)
+        np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
+    # the two digit rows alone fold, and agree with the fallback batch
+    folded = runner._forward_encoded(runner.encode(items[:2]), tries[:2])
+    for k in range(2):
+        np.testing.assert_allclose(folded.scores[k], result.scores[k], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(folded.attention[k], result.attention[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_folded_equals_cached_steps(family: str) -> None:
+    runner = tiny_runner(family, seed=3, layers=(0, 1, 2, 3))
+    items = _items()  # N = 4, 3, 12: rows need 0, 0 and 1 chain tokens
+    calls: list[object] = []
+    handle = runner.model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(kw.get("use_cache")), with_kwargs=True
+    )
+    try:
+        folded = runner.forward(items)
+        assert calls == [False]  # prompt + "1" in one forward
+        runner._fold_chains = False
+        cached = runner.forward(items)
+        assert calls[1] is True and len(calls) == 3  # prompt forward + one cached step
+    finally:
+        handle.remove()
+    for x, y in zip(
+        folded.scores + folded.attention, cached.scores + cached.attention, strict=True
+    ):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_trie_equals_brute_force_for_twelve_digits(family: str) -> None:
     runner = tiny_runner(family, seed=1)
     items = _items()
