@@ -227,7 +227,9 @@ def render(cells: list[Cell]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lad bench engine", description=__doc__)
-    parser.add_argument("--model", default="tiny-qwen2_5_vl", help="tiny-<family>, demo or path")
+    parser.add_argument(
+        "--model", default="demo", help="demo (default), tiny-<family> or a path / hub name"
+    )
     parser.add_argument("--tokens", default="300,1500", help="target prompt lengths")
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--reps", type=int, default=9)

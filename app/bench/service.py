@@ -4,8 +4,10 @@ For each batching configuration (dynamic batching on, and ``max batch = 1``) it 
 ``lad serve`` as a subprocess on a free loopback port (or drives ``--url``), calibrates
 one profile through ``/v1/calibrate``, then sends ``/v1/retrieve`` requests with four
 224x224 JPEGs at each concurrency level and reports requests/s, p50/p95 latency and the
-HTTP + decode share: (client latency - queue - engine) / engine, where engine time is
-forward + score + debias as the server reports them in ``timings_ms``.
+HTTP + decode share: (latency - queue - engine) / engine, where engine time is forward +
+score + debias as the server reports them in ``timings_ms``, and latency is measured twice:
+by the client (includes the client's own HTTP work) and by the service itself (the mean of
+its ``lad_request_duration_seconds`` for /v1/retrieve, scraped before and after a level).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.demo.world import make_items
 
@@ -47,6 +50,8 @@ class LevelResult:
     engine_ms_mean: float
     queue_ms_mean: float
     overhead_ratio: float  # (client latency - queue - engine) / engine
+    server_ms_mean: float  # the service's own request time (lad_request_duration_seconds)
+    server_overhead_ratio: float  # (server time - queue - engine) / engine: HTTP + decode
 
 
 def _jpeg_data_url(image, quality: int = 90) -> str:
@@ -128,9 +133,29 @@ async def _drive(url: str, payloads: list[dict], concurrency: int) -> tuple[list
     return results, elapsed, errors
 
 
+def server_time(url: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the service's own POST /v1/retrieve request durations."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "lad_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("route") != "/v1/retrieve":
+                continue
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return total, count
+
+
 def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], concurrency: int):
     """Run one cell and summarise it."""
+    before = server_time(url)
     results, elapsed, errors = asyncio.run(_drive(url, payloads, concurrency))
+    after = server_time(url)
+    server_ms = 1e3 * (after[0] - before[0]) / max(after[1] - before[1], 1.0)
     latencies = np.array([r[0] for r in results])
     engine = np.array([sum(r[1].get(s, 0.0) for s in ENGINE_STAGES) for r in results])
     queue = np.array([r[1].get("queue", 0.0) for r in results])
@@ -147,6 +172,8 @@ def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], c
         engine_ms_mean=float(engine.mean()),
         queue_ms_mean=float(queue.mean()),
         overhead_ratio=float(statistics.median(overhead.tolist())),
+        server_ms_mean=server_ms,
+        server_overhead_ratio=float((server_ms - queue.mean() - engine.mean()) / engine.mean()),
     )
 
 
@@ -160,14 +187,14 @@ def calibrate(url: str, examples: list[dict]) -> dict:
 def render_table(rows: list[LevelResult]) -> str:
     head = (
         "| config | max batch | conc. | req/s | p50 ms | p95 ms | engine ms | queue ms "
-        "| (HTTP+decode)/engine |"
+        "| client (HTTP+decode)/engine | server ms | server (HTTP+decode)/engine |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r.config} | {r.max_batch_size} | {r.concurrency} | {r.requests_per_s:.2f} | "
             f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | {r.engine_ms_mean:.1f} | {r.queue_ms_mean:.1f} | "
-            f"{r.overhead_ratio:.3f} |"
+            f"{r.overhead_ratio:.3f} | {r.server_ms_mean:.1f} | {r.server_overhead_ratio:.3f} |"
         )
     return "\n".join(lines)
 
@@ -224,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             by[("batching", top)].requests_per_s / by[("max batch 1", top)].requests_per_s
         )
     if ("max batch 1", 1) in by:
-        summary["http_decode_over_engine_c1"] = by[("max batch 1", 1)].overhead_ratio
+        summary["client_http_decode_over_engine_c1"] = by[("max batch 1", 1)].overhead_ratio
+        summary["server_http_decode_over_engine_c1"] = by[("max batch 1", 1)].server_overhead_ratio
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
     out = Path(args.out)

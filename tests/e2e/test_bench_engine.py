@@ -10,8 +10,8 @@ from app.cli import main
 @pytest.mark.slow
 def test_bench_engine_writes_every_variant(tmp_path, capsys):
     out = tmp_path / "engine.json"
-    code = main(["bench", "engine", "--tokens", "300", "--n", "2", "--reps", "2",
-                 "--threads", "1", "--out", str(out)])  # fmt: skip
+    code = main(["bench", "engine", "--model", "tiny-qwen2_5_vl", "--tokens", "300",
+                 "--n", "2", "--reps", "2", "--threads", "1", "--out", str(out)])  # fmt: skip
     assert code == 0
     record = json.loads(out.read_text())
     cells = record["cells"]
