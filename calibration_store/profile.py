@@ -51,10 +51,8 @@ class ProfileKey(BaseModel):
         return f"{self.model_id}/{self.name}/{self.label_scheme}/N={self.n}"
 
 
-class Fingerprint(BaseModel):
-    """The engine configuration a profile is only valid for (Runner.fingerprint)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", from_attributes=True)
+class _FingerprintFields(BaseModel):
+    """The fields of an engine fingerprint, shared by Fingerprint and (flat) by Profile."""
 
     model_id: str = Field(min_length=1, max_length=512)
     model_revision: str | None = None
@@ -63,6 +61,12 @@ class Fingerprint(BaseModel):
     prompt_hash: str = Field(min_length=1)
     label_scheme: str = Field(min_length=1, max_length=2048)
     n: int = Field(ge=1, le=4096)
+
+
+class Fingerprint(_FingerprintFields):
+    """The engine configuration a profile is only valid for (Runner.fingerprint)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", from_attributes=True)
 
     @classmethod
     def of(cls, obj: Any) -> Fingerprint:
@@ -93,21 +97,14 @@ def _as_lists(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
-class Profile(BaseModel):
+class Profile(_FingerprintFields):
     """One calibration: B, P, Λ and how they were obtained. Stores assign version/created_at."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = CURRENT_SCHEMA_VERSION
     name: str = Field(pattern=NAME_PATTERN)
-    # fingerprint fields (flat, so the JSON document reads on its own)
-    model_id: str = Field(min_length=1, max_length=512)
-    model_revision: str | None = None
-    dtype: str = Field(min_length=1)
-    attention_backend: str = Field(min_length=1)
-    prompt_hash: str = Field(min_length=1)
-    label_scheme: str = Field(min_length=1, max_length=2048)
-    n: int = Field(ge=1, le=4096)
+    # the fingerprint fields are inherited (flat, so the JSON document reads on its own)
     # the estimates
     layers: list[int] = Field(min_length=1)
     bias_matrix: list[list[float]]
