@@ -6,7 +6,9 @@ processor call to the answer, median over repetitions:
   (a) ``sdpa``    plain SDPA prompt forward (``logits_to_keep=1``), no capture;
   (b) ``agd``     the runner: forward with the attention row captured inside SDPA, label
                   trie scoring, then the AGD posterior and debiased scores (DESIGN §2.4);
-  (c) ``eager``   eager attention with ``output_attentions=True`` (every T x T matrix).
+  (c) ``eager``   the model loaded with eager attention (text and vision) and run with
+                  ``output_attentions=True`` (every T x T matrix), the naive way to the
+                  attention evidence.
 
 Prompt length is set through the image size (a Qwen-style image processor gives
 (side/28)^2 tokens per image), so "~300" and "~1500" tokens hold for N=4 and N=12.
@@ -119,9 +121,11 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
 
     model, adapter = runner.model, runner.adapter
     text_backend = {"sdpa": "sdpa", "agd": CAPTURE_IMPLEMENTATION, "eager": "eager"}[variant]
+    # (c) is what a user gets by loading the model with attn_implementation="eager"
+    vision_backend = "eager" if variant == "eager" else "sdpa"
 
     def select() -> None:
-        model.set_attn_implementation(adapter.attn_implementation(text_backend, "sdpa"))
+        model.set_attn_implementation(adapter.attn_implementation(text_backend, vision_backend))
 
     def once() -> None:
         if variant == "agd":
