@@ -258,7 +258,7 @@ def run_eval(
     ]
     for r in results:  # the cost: prompt forwards per scored instance
         r.extra["forwards_per_instance"] = n if r.method == "perm_avg" else 1
-    fingerprint = runner.fingerprint(labels, n).as_dict() if hasattr(runner, "fingerprint") else {}
+    fingerprint = runner.fingerprint(labels, n).model_dump()
     report = {
         "config": {
             "n": n,

@@ -24,12 +24,10 @@ Public API (stable)::
     ForwardResult(scores: list[np.ndarray (N_i,)],                      # s, log-probs
                   attention: list[np.ndarray (|Λ|, N_i)],               # a_k^(l)
                   timings_ms: {"forward": ms, "score": ms})             # batch totals
-    Fingerprint(model_id, model_revision, dtype, attention_backend, prompt_hash,
-                label_scheme, n).as_dict()                              # frozen
     Runner(model, processor, *, model_id="in-memory", revision=None, layers=None,
            prompt_variant="vanilla", threads=None)
         .forward(items, labels="digits") -> ForwardResult
-        .fingerprint(labels, n) -> Fingerprint
+        .fingerprint(labels, n) -> calibration_store.Fingerprint   # what a profile is valid for
         .prompts(items, labels="digits") -> list[str]     # rendered chat prompts
         .layers (Λ), .num_layers (L), .device, .dtype, .model_id, .revision,
         .prompt_variant, .adapter, .model, .processor, .attention_backend
@@ -40,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,6 +63,7 @@ from app.engine.labels import (
 from app.models.base import FamilyAdapter, PromptBatch
 from app.models.prompts import prompt_hash, prompt_text
 from app.models.registry import adapter_for
+from calibration_store.profile import Fingerprint
 
 LabelSpec = str | Sequence[str]
 
@@ -84,22 +83,6 @@ class ForwardResult:
     scores: list[np.ndarray]
     attention: list[np.ndarray]
     timings_ms: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """What a calibration profile is valid for (DESIGN §2.3)."""
-
-    model_id: str
-    model_revision: str | None
-    dtype: str
-    attention_backend: str
-    prompt_hash: str
-    label_scheme: str
-    n: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:

@@ -144,7 +144,7 @@ def test_profile_calibrated_under_another_engine_is_409(make_client, runner, ite
     fp = runner.fingerprint("digits", 3)
     stale = Profile.create(
         name="default",
-        fingerprint={**fp.as_dict(), "dtype": "bfloat16", "prompt_hash": "0" * 64},
+        fingerprint={**fp.model_dump(), "dtype": "bfloat16", "prompt_hash": "0" * 64},
         layers=list(runner.layers), bias_matrix=np.zeros((3, 3)),
         attention_prior=np.full((len(runner.layers), 3), 0.1), num_examples=5,
         num_forward_passes=15,

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import BertConfig
 
 from app.engine.labels import LabelTrie, label_token_sequences, resolve_labels
@@ -235,7 +236,7 @@ def test_image_spans_hold_each_image(runner: Runner) -> None:
 
 def test_fingerprint_fields(runner: Runner) -> None:
     fp = runner.fingerprint("digits", 4)
-    assert fp.as_dict() == {
+    assert fp.model_dump() == {
         "model_id": "tiny-qwen2_5_vl",
         "model_revision": None,
         "dtype": "float32",
@@ -248,7 +249,7 @@ def test_fingerprint_fields(runner: Runner) -> None:
     assert runner.fingerprint("digits", 5).n == 5
     other = tiny_runner("qwen2_5_vl", prompt_variant="instruction")
     assert other.fingerprint("digits", 4).prompt_hash != fp.prompt_hash
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValidationError):  # frozen
         fp.n = 3  # type: ignore[misc]
     assert runner.layers == (2, 3) and runner.num_layers == 4
     assert runner.device.type == "cpu" and runner.dtype == torch.float32
