@@ -1,8 +1,5 @@
 """The app factory and `lad serve`: one model, one queue, one store per process.
 
-    create_app(settings=None, *, runner=None, store=None) -> FastAPI
-    main(argv) -> int          # lad serve [--host H] [--port P] [--model M] [--store-url URL]
-
 The model and the store are opened in the lifespan (not at import), so building an app
 is cheap; tests inject a tiny runner and a memory:// store. What the app opened it closes.
 """
@@ -13,15 +10,15 @@ import argparse
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.api.main import api_router
+from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestMetricsMiddleware
-from app.serving import Service
+from app.service import Service
 from app.settings import Settings
 from calibration_store import ProfileStore, open_store
 
@@ -35,7 +32,7 @@ profile name, labels, N) must first be calibrated with `POST /v1/calibrate` (5 e
 with known answers are enough). Every error is `{"error": {"code", "message"}}`."""
 
 
-def load_runner_from_settings(settings: Settings) -> Any:
+def load_runner_from_settings(settings: Settings) -> RunnerLike:
     from app.models.loader import load_runner  # torch/transformers only when serving
 
     return load_runner(
@@ -51,7 +48,10 @@ def open_store_from_settings(settings: Settings) -> ProfileStore:
 
 
 def create_app(
-    settings: Settings | None = None, *, runner: Any = None, store: ProfileStore | None = None
+    settings: Settings | None = None,
+    *,
+    runner: RunnerLike | None = None,
+    store: ProfileStore | None = None,
 ) -> FastAPI:
     """A service app; `runner` and `store` default to what the settings name."""
     settings = settings or Settings()

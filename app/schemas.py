@@ -1,7 +1,7 @@
-"""Wire schemas (pydantic): what clients send and receive. Engine types never leave serving.py.
+"""Wire schemas (pydantic): what clients send and receive. Engine types never leave app.service.
 
 Limits that depend on settings (number of images, bytes, pixels, query length) are checked
-in serving.py so their errors name the setting; the shapes checked here are fixed.
+in app.decode so their errors name the setting; the shapes checked here are fixed.
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.engine.methods import METHODS, Method
 from calibration_store.profile import NAME_PATTERN
-
-Method = Literal["agd", "vanilla", "pride", "attn_pure", "perm_avg"]
-METHODS: tuple[str, ...] = ("agd", "vanilla", "pride", "attn_pure", "perm_avg")
-NEEDS_PROFILE: frozenset[str] = frozenset({"agd", "pride", "attn_pure"})
-"""Methods that apply a calibration profile (B and/or P)."""
 
 MAX_CALIBRATION_EXAMPLES = 64
 RECOMMENDED_CALIBRATION_EXAMPLES = 5
@@ -35,7 +31,7 @@ class _Strict(BaseModel):
 class RetrieveOptions(_Strict):
     """How to answer (shared by the JSON and the multipart encodings of POST /v1/retrieve)."""
 
-    method: Method = Field("agd", description="agd (default), vanilla, pride, attn_pure, perm_avg")
+    method: Method = Field("agd", description=f"one of {', '.join(METHODS)}; agd is the default")
     profile: str = Field("default", pattern=NAME_PATTERN, description="calibration profile name")
     labels: Labels = Field("digits", description=LABELS_DESCRIPTION)
     return_details: bool = Field(False, description="also return scores, attention, layers")

@@ -6,7 +6,6 @@
 from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
     NoPreviousVersion,
-    ProfileChange,
     ProfileNotFound,
     ProfileStore,
     StoreError,
@@ -30,7 +29,6 @@ __all__ = [
     "MemoryProfileStore",
     "NoPreviousVersion",
     "Profile",
-    "ProfileChange",
     "ProfileKey",
     "ProfileNotFound",
     "ProfileStore",

@@ -1,4 +1,4 @@
-"""The store contract every backend honours, its errors, and change notifications.
+"""The store contract every backend honours, and its errors.
 
 Semantics shared by all backends:
 - `put` never overwrites: it stores an immutable new version (last allocated + 1),
@@ -13,15 +13,9 @@ Semantics shared by all backends:
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from calibration_store.profile import Profile, ProfileKey
-
-log = logging.getLogger(__name__)
 
 DEFAULT_KEEP_VERSIONS = 5
 
@@ -42,17 +36,6 @@ class NoPreviousVersion(StoreError):
     """Rollback asked for, but no older version is kept for this key."""
 
 
-@dataclass(frozen=True)
-class ProfileChange:
-    """The current profile of `key` changed; `profile` is None when it was deleted."""
-
-    key: ProfileKey
-    profile: Profile | None
-
-
-ChangeCallback = Callable[[ProfileChange], None]
-
-
 @runtime_checkable
 class ProfileStore(Protocol):
     """What the service needs from a calibration store (see module docstring)."""
@@ -67,38 +50,7 @@ class ProfileStore(Protocol):
     def delete(self, key: ProfileKey) -> bool: ...
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile: ...
     def health(self) -> dict[str, Any]: ...
-    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]: ...
     def close(self) -> None: ...
-
-
-class ChangeNotifier:
-    """Fan-out of ProfileChange events to subscribers; a failing callback never breaks a store."""
-
-    def __init__(self) -> None:
-        self._callbacks: list[ChangeCallback] = []
-        self._lock = threading.Lock()
-
-    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
-        """Register `callback`; returns a function that unregisters it."""
-        with self._lock:
-            self._callbacks.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._callbacks:
-                    self._callbacks.remove(callback)
-
-        return unsubscribe
-
-    def emit(self, key: ProfileKey, profile: Profile | None) -> None:
-        with self._lock:
-            callbacks = list(self._callbacks)
-        change = ProfileChange(key=key, profile=profile)
-        for cb in callbacks:
-            try:
-                cb(change)
-            except Exception:
-                log.exception("profile change callback %r failed", cb)
 
 
 def sorted_keys(keys: Any, model_id: str | None) -> list[ProfileKey]:

@@ -19,15 +19,13 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
-    ChangeCallback,
-    ChangeNotifier,
     NoPreviousVersion,
     ProfileNotFound,
     StoreUnavailable,
@@ -59,7 +57,6 @@ class MemoryProfileStore:
         self.keep_versions = check_keep_versions(keep_versions)
         self._entries: dict[ProfileKey, _Entry] = {}
         self._lock = threading.RLock()
-        self._notifier = ChangeNotifier()
 
     # --------------------------------------------------- persistence hooks
     @contextlib.contextmanager
@@ -106,7 +103,7 @@ class MemoryProfileStore:
             entry = _Entry(
                 current=version, last_version=version, versions={v: versions[v] for v in kept}
             )
-            self._commit(key, entry, stored)
+            self._commit(key, entry)
         return stored
 
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
@@ -126,28 +123,24 @@ class MemoryProfileStore:
                     f"{key}: version {to_version} is not kept (kept: {sorted(entry.versions)})"
                 )
             target = entry.versions[to_version]
-            self._commit(key, replace(entry, current=to_version), target)
+            self._commit(key, replace(entry, current=to_version))
         return target
 
     def delete(self, key: ProfileKey) -> bool:
         with self._exclusive():
             if self._fresh(key) is None:
                 return False
-            self._commit(key, None, None)
+            self._commit(key, None)
         return True
 
-    def _commit(self, key: ProfileKey, entry: _Entry | None, current: Profile | None) -> None:
+    def _commit(self, key: ProfileKey, entry: _Entry | None) -> None:
         self._write(key, entry)
         if entry is None:
             self._entries.pop(key, None)
         else:
             self._entries[key] = entry
-        self._notifier.emit(key, current)
 
     # -------------------------------------------------------------- misc
-    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
-        return self._notifier.subscribe(callback)
-
     def health(self) -> dict[str, Any]:
         with self._lock:
             return {"backend": self.backend, "ok": True, "profiles": len(self._entries)}

@@ -69,13 +69,9 @@ class Fingerprint(_FingerprintFields):
     model_config = ConfigDict(frozen=True, extra="forbid", from_attributes=True)
 
     @classmethod
-    def of(cls, obj: Any) -> Fingerprint:
-        """Accept a Fingerprint, a dict, or any object with these attributes (a dataclass)."""
-        if isinstance(obj, cls):
-            return obj
-        if isinstance(obj, dict):
-            return cls.model_validate(obj)
-        return cls.model_validate(obj, from_attributes=True)
+    def of(cls, obj: Fingerprint | dict[str, Any]) -> Fingerprint:
+        """Accept a Fingerprint or its fields as a dict."""
+        return obj if isinstance(obj, cls) else cls.model_validate(obj)
 
     def mismatches(self, other: Any) -> dict[str, tuple[Any, Any]]:
         """Fields that differ, as {field: (self's value, other's value)}; empty when equal."""

@@ -33,8 +33,6 @@ from redis.exceptions import RedisError
 
 from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
-    ChangeCallback,
-    ChangeNotifier,
     NoPreviousVersion,
     ProfileNotFound,
     StoreUnavailable,
@@ -169,7 +167,6 @@ class RedisProfileStore:
         self._cache: dict[ProfileKey, Profile] = {}
         self._revs: dict[ProfileKey, int] = {}
         self._lock = threading.RLock()
-        self._notifier = ChangeNotifier()
         self._errors: dict[str, str] = {}  # encoded key -> why its document was skipped
         self._connected = False
         self._last_sync: float | None = None
@@ -198,18 +195,10 @@ class RedisProfileStore:
             if rev < self._revs.get(key, -1):
                 return
             self._revs[key] = rev
-            old = self._cache.get(key)
             if profile is None:
-                if old is None:
-                    return
-                del self._cache[key]
-            elif old is not None and (old.version, old.created_at) == (
-                profile.version, profile.created_at
-            ):
-                return
+                self._cache.pop(key, None)
             else:
                 self._cache[key] = profile
-            self._notifier.emit(key, profile)
 
     def _parse(self, encoded: str, doc: str) -> Profile | None:
         try:
@@ -379,9 +368,6 @@ class RedisProfileStore:
             self._last_sync = time.monotonic()
 
     # -------------------------------------------------------------- misc
-    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
-        return self._notifier.subscribe(callback)
-
     def health(self) -> dict[str, Any]:
         with self._lock:
             profiles = len(self._cache)

@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from app import errors
-from app.serving import Service
+from app.service import Service
 from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="LAD_RETRIEVE_TOKEN or LAD_ADMIN_TOKEN")
@@ -23,7 +23,7 @@ def get_settings(request: Request) -> Settings:
 
 def get_service(request: Request) -> Service:
     service = getattr(request.app.state, "service", None)
-    if service is None or not service.batcher.running:
+    if service is None or not service.worker.running:
         raise errors.NotReady("the model is not loaded yet; retry shortly")
     return service
 

@@ -29,9 +29,10 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
+
+from app.bench.results import write_record
 
 VARIANTS = ("sdpa", "agd", "eager")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -134,7 +135,7 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
             debias.debias_scores(out.scores[0], bias_matrix, posterior)
             return
         with torch.inference_mode():
-            kwargs = adapter.prompt_kwargs(runner.encode(items))
+            kwargs = adapter.prompt_kwargs(runner.process(items))
             extra = {"output_attentions": True} if variant == "eager" else {}
             model(**kwargs, use_cache=False, logits_to_keep=1, **extra)
 
@@ -148,7 +149,7 @@ def _setup(model: str, side: int, n: int, threads: int):
     bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
     prior = rng.dirichlet(np.ones(n), size=len(runner.layers))
     calls = {v: _variant_call(runner, v, items, bias_matrix, prior) for v in VARIANTS}
-    tokens = int(runner.encode(items).input_ids.shape[1])
+    tokens = int(runner.process(items).input_ids.shape[1])
     return calls, tokens
 
 
@@ -192,7 +193,7 @@ def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
     best = (0, 0)
     for side in range(28, 28 * 40, 28):
         runner = _build(model, side, threads)
-        tokens = int(runner.encode(_items(n, side, QUERY)).input_ids.shape[1])
+        tokens = int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
         if not best[0] or abs(tokens - target) < abs(best[1] - target):
             best = (side, tokens)
         if tokens > target:
@@ -229,6 +230,33 @@ def render(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+def measure_cells(args: argparse.Namespace) -> list[Cell]:
+    """Every (prompt length, N, variant) cell, each measured in fresh worker processes."""
+    cells: list[Cell] = []
+    for target in (int(t) for t in args.tokens.split(",")):
+        for n in (int(x) for x in args.n.split(",")):
+            side, _ = side_for(args.model, target, n, args.threads)
+            latency = _worker(args, "latency", "-", side, n)
+            for variant in VARIANTS:
+                timed = np.array(latency["times_ms"][variant])
+                cell = Cell(
+                    variant=variant,
+                    target_tokens=target,
+                    n=n,
+                    prompt_tokens=latency["prompt_tokens"],
+                    image_side=side,
+                    median_ms=float(np.median(timed)),
+                    p90_ms=float(np.percentile(timed, 90)),
+                    peak_mib=_worker(args, "memory", variant, side, n),
+                    reps=args.reps,
+                )
+                cells.append(cell)
+                print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
+                      f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
+                      flush=True)  # fmt: skip
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lad bench engine", description=__doc__)
     parser.add_argument(
@@ -253,34 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    cells: list[Cell] = []
-    for target in (int(t) for t in args.tokens.split(",")):
-        for n in (int(x) for x in args.n.split(",")):
-            side, _ = side_for(args.model, target, n, args.threads)
-            latency = _worker(args, "latency", "-", side, n)
-            for variant in VARIANTS:
-                timed = np.array(latency["times_ms"][variant])
-                cell = Cell(
-                    variant=variant,
-                    target_tokens=target,
-                    n=n,
-                    prompt_tokens=latency["prompt_tokens"],
-                    image_side=side,
-                    median_ms=float(np.median(timed)),
-                    p90_ms=float(np.percentile(timed, 90)),
-                    peak_mib=_worker(args, "memory", variant, side, n),
-                    reps=args.reps,
-                )
-                cells.append(cell)
-                print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
-                      f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
-                      flush=True)  # fmt: skip
-
+    cells = measure_cells(args)
     table = render(cells)
     print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    write_record(args.out, {
         "command": "lad bench engine " + " ".join(argv or []),
         "model": args.model,
         "torch_threads": args.threads,
@@ -289,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "cells": [asdict(c) for c in cells],
         "table": table,
-    }
-    out.write_text(json.dumps(record, indent=2))
-    print(f"wrote {out}")
+    })
     return 0
 
 

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import base64
 import io
-import json
 import os
 import socket
 import statistics
@@ -24,12 +23,12 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.bench.results import write_record
 from app.demo.world import make_items
 
 ENGINE_STAGES = ("forward", "score", "debias")
@@ -199,6 +198,21 @@ def render_table(rows: list[LevelResult]) -> str:
     return "\n".join(lines)
 
 
+def summarize(rows: list[LevelResult], levels: list[int]) -> dict[str, float]:
+    """The headline ratios: batching speed-up at the top concurrency, overheads at 1."""
+    summary: dict[str, float] = {}
+    by = {(r.config, r.concurrency): r for r in rows}
+    top = max(levels)
+    if ("batching", top) in by and ("max batch 1", top) in by:
+        summary["batching_speedup_at_max_concurrency"] = (
+            by[("batching", top)].requests_per_s / by[("max batch 1", top)].requests_per_s
+        )
+    if ("max batch 1", 1) in by:
+        summary["client_http_decode_over_engine_c1"] = by[("max batch 1", 1)].overhead_ratio
+        summary["server_http_decode_over_engine_c1"] = by[("max batch 1", 1)].server_overhead_ratio
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lad bench service", description=__doc__)
     parser.add_argument("--url", help="drive an already running service (one configuration)")
@@ -243,21 +257,10 @@ def main(argv: list[str] | None = None) -> int:
 
     table = render_table(rows)
     print(table)
-    summary: dict = {}
-    by = {(r.config, r.concurrency): r for r in rows}
-    top = max(levels)
-    if ("batching", top) in by and ("max batch 1", top) in by:
-        summary["batching_speedup_at_max_concurrency"] = (
-            by[("batching", top)].requests_per_s / by[("max batch 1", top)].requests_per_s
-        )
-    if ("max batch 1", 1) in by:
-        summary["client_http_decode_over_engine_c1"] = by[("max batch 1", 1)].overhead_ratio
-        summary["server_http_decode_over_engine_c1"] = by[("max batch 1", 1)].server_overhead_ratio
+    summary = summarize(rows, levels)
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    write_record(args.out, {
         "command": "lad bench service " + " ".join(argv or []),
         "model": args.model,
         "n_images": args.n,
@@ -266,7 +269,5 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "rows": [asdict(r) for r in rows],
         "summary": summary,
-    }
-    out.write_text(json.dumps(record, indent=2))
-    print(f"wrote {out}")
+    })
     return 0

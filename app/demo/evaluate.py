@@ -32,7 +32,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,13 @@ import numpy as np
 
 from app.demo import world
 from app.engine import debias
+from app.engine.calibrate import Calibration, calibration_instances, estimate_calibration
+from app.engine.methods import METHODS, MULTI_PASS, MethodConfig, apply_method
 from app.eval.metrics import MethodResult, evaluate_predictions
 from app.eval.protocol import T_ORDERINGS, apply_ordering, item_orderings
 from app.eval.report import confusion_table, results_table
 
-METHODS = (
+ROWS = (
     "vanilla",
     "pride",
     "attn_raw",
@@ -54,22 +56,13 @@ METHODS = (
     "agd_log",
     "perm_avg",
 )
-DEFAULT_IMAGE_SIZE = 56  # fallback when the processor does not pin one image size
+"""The table's rows: every method, plus agd under the other two §2.4 variants."""
 
 Progress = Callable[[str], None]
 
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@dataclass
-class Calibration:
-    """B (N, N) and P (|Λ|, N) estimated from M calibration examples x N rotations."""
-
-    bias_matrix: np.ndarray
-    attention_prior: np.ndarray
-    n_examples: int
 
 
 def forward_batched(
@@ -82,7 +75,7 @@ def forward_batched(
     timings: dict[str, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores (R, N) and attention (R, |Λ|, N) of R (query, images) instances, in batches."""
-    from app.engine.runner import RetrievalItem
+    from app.engine.interface import RetrievalItem
 
     scores: list[np.ndarray] = []
     attention: list[np.ndarray] = []
@@ -117,21 +110,11 @@ def calibrate(
     timings: dict[str, float] | None = None,
 ) -> Calibration:
     """DESIGN §2.3: every example under all N rotations, then B and P."""
-    instances: list[tuple[str, list[Any]]] = []
-    gt: list[int] = []
-    for example in examples:
-        n = len(example.images)
-        for shift in range(n):
-            instances.append((example.query, debias.rotate(example.images, shift)))
-            gt.append(debias.rotated_position(example.target, shift, n))
+    instances, gt = calibration_instances([(ex.query, ex.images, ex.target) for ex in examples])
     scores, attention = forward_batched(
         runner, instances, labels=labels, batch_size=batch_size, progress=progress, timings=timings
     )
-    return Calibration(
-        bias_matrix=debias.estimate_bias_matrix(scores, np.asarray(gt)),
-        attention_prior=debias.estimate_attention_prior(attention),
-        n_examples=len(examples),
-    )
+    return estimate_calibration(scores, attention, gt)
 
 
 def method_scores(
@@ -142,20 +125,14 @@ def method_scores(
     top_k: int = 2,
     tau: float = 5.0,
 ) -> dict[str, np.ndarray]:
-    """Per-position scores (B, N) of every single-pass method; the prediction is the argmax."""
-    b, p = calibration.bias_matrix, calibration.attention_prior
-    posterior = debias.attention_posterior(attention, p, top_k=top_k, tau=tau)
-    posterior_logmean = debias.attention_posterior(
-        attention, p, top_k=top_k, tau=tau, variant="logmean"
-    )
+    """Per-position probabilities (B, N) of every single-pass row; the prediction is the argmax."""
+    base = MethodConfig(top_k=top_k, tau=tau)
+    rows = {m: (m, base) for m in METHODS if m not in MULTI_PASS}
+    rows["agd_logmean"] = ("agd", replace(base, posterior_variant="logmean"))
+    rows["agd_log"] = ("agd", replace(base, mixture="log"))
     return {
-        "vanilla": scores,
-        "pride": debias.pride_scores(scores, b),
-        "attn_raw": debias.raw_attention_readout(attention, top_k=top_k),
-        "attn_pure": posterior,
-        "agd": debias.debias_scores(scores, b, posterior),
-        "agd_logmean": debias.debias_scores(scores, b, posterior_logmean),
-        "agd_log": debias.debias_scores(scores, b, posterior, mixture="log"),
+        row: apply_method(method, scores, attention, calibration, config).probabilities
+        for row, (method, config) in rows.items()
     }
 
 
@@ -170,7 +147,8 @@ def perm_avg_scores(
     progress: Progress | None = None,
     timings: dict[str, float] | None = None,
 ) -> np.ndarray:
-    """(I, T, N) perm_avg scores per position of each ordering (rotation 0 = ``base_scores``)."""
+    """(I, T, N) perm_avg probabilities per position of each ordering (rotation 0 =
+    ``base_scores``)."""
     n_items, t, n = orderings.shape
     instances = [
         (ex.query, debias.rotate(apply_ordering(ex.images, orderings[i, o]), shift))
@@ -186,12 +164,50 @@ def perm_avg_scores(
             timings=timings,
         )  # fmt: skip
         rotated[:, :, 1:] = extra.reshape(n_items, t, n - 1, n)
-    perms = debias.rotations(n)
-    out = np.empty((n_items, t, n))
-    for i in range(n_items):
-        for o in range(t):
-            out[i, o] = debias.permutation_average(rotated[i, o], perms)
-    return out
+    flat = rotated.reshape(n_items * t, n, n)
+    averaged = apply_method("perm_avg", flat[:, 0], None, rotated_scores=flat).probabilities
+    return averaged.reshape(n_items, t, n)
+
+
+def predict(
+    runner: Any,
+    examples: Sequence[world.RetrievalExample],
+    orderings: np.ndarray,
+    calibration: Calibration,
+    *,
+    labels: str | Sequence[str],
+    batch_size: int,
+    top_k: int,
+    tau: float,
+    perm_avg: bool,
+    progress: Progress | None,
+    timings: dict[str, float],
+) -> dict[str, np.ndarray]:
+    """Predicted positions (I, T) of every row under each item's orderings."""
+    say = progress or (lambda _msg: None)
+    items, n_orderings, n = orderings.shape
+    instances = [
+        (ex.query, apply_ordering(ex.images, orderings[i, o]))
+        for i, ex in enumerate(examples)
+        for o in range(n_orderings)
+    ]
+    flat_scores, flat_attention = forward_batched(
+        runner, instances, labels=labels, batch_size=batch_size, progress=progress,
+        timings=timings,
+    )  # fmt: skip
+    per_method = method_scores(flat_scores, flat_attention, calibration, top_k=top_k, tau=tau)
+    predictions = {
+        name: np.argmax(s, axis=-1).reshape(items, n_orderings) for name, s in per_method.items()
+    }
+    if perm_avg:
+        say(f"perm_avg: {items} items x {n_orderings} orderings x {n - 1} extra rotations")
+        averaged = perm_avg_scores(
+            runner, examples, orderings, flat_scores.reshape(items, n_orderings, n),
+            labels=labels, batch_size=batch_size, progress=progress, timings=timings,
+        )  # fmt: skip
+        predictions["perm_avg"] = np.argmax(averaged, axis=-1)
+
+    return predictions
 
 
 def run_eval(
@@ -228,59 +244,34 @@ def run_eval(
 
     examples = world.make_items(items, n, setting, seed="eval", image_size=image_size)
     orderings = item_orderings(n, items, n_orderings, seed=seed)
-    instances = [
-        (ex.query, apply_ordering(ex.images, orderings[i, o]))
-        for i, ex in enumerate(examples)
-        for o in range(n_orderings)
-    ]
     say(f"evaluation: {items} items x {n_orderings} orderings")
-    flat_scores, flat_attention = forward_batched(
-        runner, instances, labels=labels, batch_size=batch_size, progress=progress,
-        timings=timings,
+    predictions = predict(
+        runner, examples, orderings, calibration, labels=labels, batch_size=batch_size,
+        top_k=top_k, tau=tau, perm_avg=perm_avg, progress=progress, timings=timings,
     )  # fmt: skip
-    per_method = method_scores(flat_scores, flat_attention, calibration, top_k=top_k, tau=tau)
-    predictions = {
-        name: np.argmax(s, axis=-1).reshape(items, n_orderings) for name, s in per_method.items()
-    }
-    if perm_avg:
-        say(f"perm_avg: {items} items x {n_orderings} orderings x {n - 1} extra rotations")
-        averaged = perm_avg_scores(
-            runner, examples, orderings, flat_scores.reshape(items, n_orderings, n),
-            labels=labels, batch_size=batch_size, progress=progress, timings=timings,
-        )  # fmt: skip
-        predictions["perm_avg"] = np.argmax(averaged, axis=-1)
-
     targets = np.array([ex.target for ex in examples])
     results = [
         evaluate_predictions(name, predictions[name], targets, orderings)
-        for name in METHODS
+        for name in ROWS
         if name in predictions
     ]
     for r in results:  # the cost: prompt forwards per scored instance
         r.extra["forwards_per_instance"] = n if r.method == "perm_avg" else 1
-    fingerprint = runner.fingerprint(labels, n).model_dump()
+    config = {
+        "n": n, "setting": setting, "items": items, "calibration_items": calibration_items,
+        "orderings": n_orderings, "seed": seed, "image_size": image_size,
+        "labels": labels if isinstance(labels, str) else list(labels), "top_k": top_k,
+        "tau": tau, "eval_split": "eval", "calibration_split": "calibration",
+        "calibration_setting": setting,
+    }  # fmt: skip
     report = {
-        "config": {
-            "n": n,
-            "setting": setting,
-            "items": items,
-            "calibration_items": calibration_items,
-            "orderings": n_orderings,
-            "seed": seed,
-            "image_size": image_size,
-            "labels": labels if isinstance(labels, str) else list(labels),
-            "top_k": top_k,
-            "tau": tau,
-            "eval_split": "eval",
-            "calibration_split": "calibration",
-            "calibration_setting": setting,
-        },
-        "model": fingerprint,
+        "config": config,
+        "model": runner.fingerprint(labels, n).model_dump(),
         "layers": [int(x) for x in getattr(runner, "layers", ())],
         "calibration": {
             "bias_matrix": calibration.bias_matrix.tolist(),
             "attention_prior": calibration.attention_prior.tolist(),
-            "examples": calibration.n_examples,
+            "examples": calibration_items,
         },
         "methods": {r.method: r.to_dict() for r in results},
         "table": results_table(results),
@@ -304,7 +295,7 @@ def image_size_for(runner: Any) -> int:
         side = round(low**0.5)
         if side * side == low:
             return side
-    return DEFAULT_IMAGE_SIZE
+    return world.DEFAULT_IMAGE_SIZE
 
 
 def _default_out(model: str, runs: Sequence[tuple[str, int]]) -> Path:

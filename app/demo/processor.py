@@ -15,11 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-IMAGE_SIZE = 56  # pixels per side: 4x4 patches of 14 px -> 2x2 = 4 tokens per image
+from app.demo.world import DEFAULT_IMAGE_SIZE
+from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
+
+IMAGE_SIZE = DEFAULT_IMAGE_SIZE  # 56 px per side: 4x4 patches of 14 px -> 2x2 = 4 tokens
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -122,13 +124,6 @@ def build_tokenizer(extra_texts: Iterable[str] = ()) -> TokenizersBackend:
     return tokenizer
 
 
-class DemoQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
-    """Qwen2.5-VL processor without a video processor (the demo never sees videos)."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-
 def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessorPil:
     """The real Qwen2-VL image processor, pinned to image_size x image_size pixels."""
     pixels = image_size * image_size
@@ -137,15 +132,15 @@ def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessor
 
 def build_processor(
     extra_texts: Iterable[str] = (), image_size: int = IMAGE_SIZE
-) -> DemoQwen2_5_VLProcessor:
+) -> Qwen2_5_VLProcessorNoVideo:
     """Build the demo processor: pinned image processor + word-level tokenizer + chat template."""
-    return DemoQwen2_5_VLProcessor(
+    return Qwen2_5_VLProcessorNoVideo(
         image_processor=build_image_processor(image_size),
         tokenizer=build_tokenizer(extra_texts),
         chat_template=CHAT_TEMPLATE,
     )
 
 
-def load_processor(path: str | Path) -> DemoQwen2_5_VLProcessor:
+def load_processor(path: str | Path) -> Qwen2_5_VLProcessorNoVideo:
     """Load the saved demo processor from a local directory, offline."""
-    return DemoQwen2_5_VLProcessor.from_pretrained(str(path), local_files_only=True)
+    return Qwen2_5_VLProcessorNoVideo.from_pretrained(str(path), local_files_only=True)

@@ -29,7 +29,7 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from app.demo import world
-from app.demo.processor import IMAGE_SIZE, DemoQwen2_5_VLProcessor, build_processor
+from app.demo.processor import IMAGE_SIZE, build_processor
 from app.demo.train_data import (
     Encoder,
     ImagePool,
@@ -37,6 +37,8 @@ from app.demo.train_data import (
     caption_batch,
     retrieval_batch,
 )
+from app.engine.attention import default_layers
+from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "model"
 
@@ -85,8 +87,8 @@ def build_config(vocab_size: int, tokenizer_ids: dict[str, int], **overrides) ->
 
 
 def attention_layers(num_layers: int) -> list[int]:
-    """Λ of DESIGN §2.2: layers round(0.58 L) .. L-1."""
-    return list(range(round(0.58 * num_layers), num_layers))
+    """Λ of DESIGN §2.2, the layers the auxiliary attention loss covers."""
+    return list(default_layers(num_layers))
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -147,6 +149,61 @@ def curriculum(progress: float) -> tuple[list[int], float]:
     return list(range(2, max_n + 1)), hard
 
 
+def optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """AdamW (β = 0.9, 0.98), weight decay 0.01 on matrices only (not norms or biases)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
+
+
+def next_batch(
+    pool: ImagePool,
+    encoder: Encoder,
+    batch_size: int,
+    corruption: float,
+    rng: np.random.Generator,
+    progress: float | None,
+) -> tuple[str, int, float, TrainBatch]:
+    """(stage, N, hard share, batch): captioning while ``progress`` is None, else retrieval
+    at the curriculum's point, with 10 % captioning batches to keep that skill alive."""
+    if progress is None:
+        return "caption", 1, 0.0, caption_batch(pool, encoder, batch_size, rng)
+    ns, hard = curriculum(progress)
+    n = int(rng.choice(ns))
+    batch = retrieval_batch(pool, encoder, batch_size, n, hard, corruption, rng)
+    if rng.random() < 0.1:
+        return "caption", n, hard, caption_batch(pool, encoder, batch_size, rng)
+    return "retrieval", n, hard, batch
+
+
+class TrainingLog:
+    """Running means (0.9 decay) of the losses per stage tag, printed and kept every K steps."""
+
+    def __init__(self, every: int, total: int) -> None:
+        self.every, self.total = every, total
+        self.entries: list[dict] = []
+        self.running: dict[str, float] = {}
+        self.started = time.time()
+
+    def record(
+        self, step: int, stage: str, n: int, hard: float, lr: float, stats: dict[str, float]
+    ) -> None:
+        tag = "caption" if stage == "caption" else f"n{n}"
+        for k, v in stats.items():
+            self.running[f"{tag}.{k}"] = 0.9 * self.running.get(f"{tag}.{k}", v) + 0.1 * v
+        if (step + 1) % self.every == 0 or step == self.total - 1:
+            entry = {"step": step + 1, "stage": stage, "n": n, "hard": round(hard, 3), "lr": lr,
+                     "elapsed_s": round(time.time() - self.started, 1),
+                     **{k: round(v, 4) for k, v in self.running.items()}}  # fmt: skip
+            self.entries.append(entry)
+            print(json.dumps(entry), flush=True)
+
+
 def train(
     out_dir: Path,
     *,
@@ -167,7 +224,7 @@ def train(
     """Train the demo model and save it (with its processor) to ``out_dir``; returns the log."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    processor: DemoQwen2_5_VLProcessor = build_processor(world.VOCABULARY)
+    processor: Qwen2_5_VLProcessorNoVideo = build_processor(world.VOCABULARY)
     tok = processor.tokenizer
     ids = {t: tok.convert_tokens_to_ids(t) for t in [*tok.all_special_tokens, "<|image_pad|>"]}
     config = build_config(len(tok), ids, **(config_overrides or {}))
@@ -181,66 +238,40 @@ def train(
     pool = ImagePool(processor, jitters=jitters, image_size=IMAGE_SIZE)
     pool.refresh(rng)
     encoder = Encoder(processor, tokens_per_image=int(pool.grid.prod()) // 4)
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.98),
-    )
+    opt = optimizer(model, lr)
     total = caption_steps + retrieval_steps
-    log: list[dict] = []
-    t0 = time.time()
-    running: dict[str, float] = {}
+    log = TrainingLog(every=log_every, total=total)
     for step in range(total):
         if step > 0 and step % refresh_every == 0:
             pool.refresh(rng)
-        if step < caption_steps:
-            batch = caption_batch(pool, encoder, batch_size, rng)
-            stage, n, hard = "caption", 1, 0.0
-        else:
-            progress = (step - caption_steps) / max(1, retrieval_steps)
-            ns, hard = curriculum(progress)
-            n = int(rng.choice(ns))
-            batch = retrieval_batch(pool, encoder, batch_size, n, hard, corruption, rng)
-            stage = "retrieval"
-            if rng.random() < 0.1:  # keep the captioning skill alive
-                stage = "caption"
-                batch = caption_batch(pool, encoder, batch_size, rng)
+        progress = (step - caption_steps) / max(1, retrieval_steps)
+        stage, n, hard, batch = next_batch(
+            pool, encoder, batch_size, corruption, rng, progress if step >= caption_steps else None
+        )
+        # one warm-up + cosine cycle per stage: stage 2 starts again from the peak
+        at, length = (step, caption_steps) if step < caption_steps else (
+            step - caption_steps, retrieval_steps)
         for group in opt.param_groups:
-            # one warm-up + cosine cycle per stage: stage 2 starts again from the peak
-            if step < caption_steps:
-                group["lr"] = lr_at(step, caption_steps, lr, warmup=min(200, total // 10 + 1))
-            else:
-                at = step - caption_steps
-                group["lr"] = lr_at(at, retrieval_steps, lr, warmup=min(200, total // 10 + 1))
+            group["lr"] = lr_at(at, length, lr, warmup=min(200, total // 10 + 1))
         loss, stats = forward_loss(model, batch, aux_layers, aux_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        tag = "caption" if stage == "caption" else f"n{n}"
-        for k, v in {**stats, "loss": float(loss.detach())}.items():
-            k = f"{tag}.{k}"
-            running[k] = 0.9 * running.get(k, v) + 0.1 * v
-        if (step + 1) % log_every == 0 or step == total - 1:
-            entry = {"step": step + 1, "stage": stage, "n": n, "hard": round(hard, 3),
-                     "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1),
-                     **{k: round(v, 4) for k, v in running.items()}}  # fmt: skip
-            log.append(entry)
-            print(json.dumps(entry), flush=True)
+        stats["loss"] = float(loss.detach())
+        log.record(step, stage, n, hard, opt.param_groups[0]["lr"], stats)
     model.eval()
     if save:
         save_model(model, processor, out_dir, {"seed": seed, "caption_steps": caption_steps,
                    "retrieval_steps": retrieval_steps, "batch_size": batch_size, "lr": lr,
-                   "aux_weight": aux_weight, "corruption": corruption, "log": log})  # fmt: skip
-    return {"model": model, "processor": processor, "log": log}
+                   "aux_weight": aux_weight, "corruption": corruption,
+                   "log": log.entries})  # fmt: skip
+    return {"model": model, "processor": processor, "log": log.entries}
 
 
 def save_model(
     model: Qwen2_5_VLForConditionalGeneration,
-    processor: DemoQwen2_5_VLProcessor,
+    processor: Qwen2_5_VLProcessorNoVideo,
     out_dir: Path,
     record: dict,
 ) -> None:

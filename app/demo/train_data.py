@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from app.demo import world
-from app.demo.processor import DemoQwen2_5_VLProcessor
-from app.models.prompts import prompt_text
+from app.engine.prompts import prompt_text
+from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
 
 DIGITS: tuple[str, ...] = tuple(str(i) for i in range(1, 13))
 CAPTION_PROMPT = "Describe the image."
@@ -64,7 +64,7 @@ class ImagePool:
     ``refresh`` redraws the jitters so that the model never sees the same pixels for long.
     """
 
-    def __init__(self, processor: DemoQwen2_5_VLProcessor, jitters: int, image_size: int):
+    def __init__(self, processor: Qwen2_5_VLProcessorNoVideo, jitters: int, image_size: int):
         self.processor = processor
         self.image_size = image_size
         self.combos = list(itertools.product(*world.ATTRIBUTES.values()))
@@ -104,7 +104,7 @@ class ImagePool:
 class Encoder:
     """Token ids of the chat-templated prompts, built once per (N, caption) and cached."""
 
-    def __init__(self, processor: DemoQwen2_5_VLProcessor, tokens_per_image: int):
+    def __init__(self, processor: Qwen2_5_VLProcessorNoVideo, tokens_per_image: int):
         tok = processor.tokenizer
         self.tok = tok
         self.cache: dict[tuple, list[int]] = {}

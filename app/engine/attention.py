@@ -19,17 +19,6 @@ mask at all (padding ignored).
 
 Capture state lives in a ``ContextVar``: per forward call and per thread, and
 off by default, so the trie's cached decode steps never record anything.
-
-Public API::
-
-    CAPTURE_IMPLEMENTATION = "lad_capture"
-    register_capture() -> str                       # idempotent; returns the name
-    enable_capture(model, adapter) -> None          # text -> lad_capture, vision -> sdpa
-    default_layers(num_layers, start_fraction=0.58) -> tuple[int, ...]    # Λ
-    capture(layers, query_index=None) -> ContextManager[AttentionCapture]
-        # query_index: optional LongTensor (B,) of t_q per row (default: last column)
-    AttentionCapture.rows: dict[int, Tensor (B, S)]  # head-mean attention row per layer
-    aggregate_spans(capture, layers, spans) -> list[np.ndarray (|Λ|, N_i)]   # a_k^(l)
 """
 
 from __future__ import annotations
@@ -45,7 +34,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from app.engine.adapter import FamilyAdapter
+
 CAPTURE_IMPLEMENTATION = "lad_capture"
+LAYER_START_FRACTION = 0.58
+"""Λ starts at round(0.58 L) (DESIGN §2.2): the later layers, where image attention is read."""
 
 
 class AttentionCapture:
@@ -149,13 +142,15 @@ def register_capture() -> str:
     return CAPTURE_IMPLEMENTATION
 
 
-def enable_capture(model: torch.nn.Module, adapter: Any) -> None:
+def enable_capture(model: torch.nn.Module, adapter: FamilyAdapter) -> None:
     """Put the text model on the capture path and keep the vision tower on SDPA."""
     register_capture()
     model.set_attn_implementation(adapter.attn_implementation(CAPTURE_IMPLEMENTATION, "sdpa"))
 
 
-def default_layers(num_layers: int, start_fraction: float = 0.58) -> tuple[int, ...]:
+def default_layers(
+    num_layers: int, start_fraction: float = LAYER_START_FRACTION
+) -> tuple[int, ...]:
     """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2)."""
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")

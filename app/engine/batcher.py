@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -46,7 +46,6 @@ class _Pending(Generic[T]):
     item: T
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    enqueued: float = field(default_factory=time.perf_counter)
 
 
 def _resolve(pending: _Pending, result: object, error: BaseException | None) -> None:
@@ -147,7 +146,6 @@ class Batcher(Generic[T, R]):
                     raise QueueFull(self.depth, self.retry_after_s()) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.05)
-                pending.enqueued = time.perf_counter()
         return await pending.future
 
     # ------------------------------------------------------------------ worker

@@ -7,7 +7,7 @@ equation block of the design, named and commented with the paper's symbols:
                        estimate_attention_prior (P)
     §2.4 inference     select_layers (L*), purified_attention_readout (p̃), sharpen (π),
                        attention_posterior (steps 1–3), expected_bias (β),
-                       debias_scores (d = s − β), debiased_probabilities
+                       debias_scores (d = s − β)
     §2.5 baselines     pride_prior (g) / pride_scores, raw_attention_readout (ā),
                        permutation_average
 
@@ -85,13 +85,6 @@ def softmax(x: Any, axis: int = -1) -> np.ndarray:
     z = z - np.max(z, axis=axis, keepdims=True)
     e = np.exp(z)
     return e / np.sum(e, axis=axis, keepdims=True)
-
-
-def log_softmax(x: Any, axis: int = -1) -> np.ndarray:
-    """Numerically stable log-softmax along `axis`."""
-    z = np.asarray(x, dtype=np.float64)
-    z = z - np.max(z, axis=axis, keepdims=True)
-    return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
 
 
 # --------------------------------------------------------------------------- §2.3 rotations
@@ -297,11 +290,6 @@ def debias_scores(
     if pi.shape != s.shape:
         raise ValueError(f"scores {s.shape} and posterior {pi.shape} must have the same shape")
     return s - expected_bias(bias_matrix, pi, mixture=mixture)
-
-
-def debiased_probabilities(debiased: Any) -> np.ndarray:
-    """softmax(d) along the last axis: the debiased distribution over positions."""
-    return softmax(_array(debiased, "debiased scores", (1, 2)), axis=-1)
 
 
 # --------------------------------------------------------------------------- §2.5 baselines

@@ -1,39 +1,22 @@
-"""Candidate labels and their restricted scores s_j = log P(c_j | x) (DESIGN §2.1).
+"""Candidate labels c_0..c_{N-1}: the schemes that name N images (DESIGN §2.1, §2.6).
 
-Two jobs live here:
-
-* label schemes: which strings c_0..c_{N-1} name the N images ("1".."N", letters,
-  roman numerals, number words or a custom list), a stable scheme name for the
-  profile fingerprint, and the prompt phrases that depend on the scheme (§2.6);
-* restricted trie scoring: the labels' token sequences form a trie; at every node
-  the next-token logits are normalised over that node's children only (plus EOS
-  where a label ends at an inner node), so that sum_j exp(s_j) = 1 exactly.
-  Nodes below the root are scored through a caller-supplied ``step`` function, one
-  batched call per trie depth (the runner serves it from the prompt's KV cache, or,
-  when the branching nodes form one chain, from logits of the same prompt forward).
-
-The scoring is model-agnostic: the runner owns the model and the cache and hands
-in ``root_logits`` and ``step``; this module only does the bookkeeping and the
-float64 log-space arithmetic.
+"1".."N", letters, roman numerals, number words or a custom list; a stable scheme
+name for the profile fingerprint; the prompt phrases that depend on the scheme; and
+the parsing of a labels value sent as text (a form field or a query parameter).
+Torch-free on purpose: the wire path validates labels before anything touches the
+model. Scoring the labels with the model's logits is ``app.engine.trie``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import torch
+from collections.abc import Sequence
 
 SCHEMES: tuple[str, ...] = ("digits", "upper", "lower", "roman", "words")
 
-StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""``step(rows, paths) -> logits``: rows LongTensor (R,) of batch-row indices, paths
-LongTensor (R, d) of label tokens appended right after each row's prompt; returns the
-next-token logits (R, V) after the last path token (never by re-running the prompt)."""
+LabelSpec = str | tuple[str, ...]
+"""A scheme name or an explicit tuple of N labels (hashable: it keys caches and batches)."""
 
 _ONES = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -45,9 +28,6 @@ _ROMAN = (
     (1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
     (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I"),
 )  # fmt: skip
-
-
-# ---------------------------------------------------------------- label schemes
 
 
 def _roman(k: int) -> str:
@@ -138,182 +118,35 @@ def label_phrases(labels: Sequence[str]) -> tuple[str, str]:
     return f"labeled from {labels[0]} to {labels[-1]}", "the label"
 
 
-def label_token_sequences(tokenizer: Any, labels: Sequence[str]) -> list[list[int]]:
-    """Token ids of each label as the model writes it right after the generation prompt.
+def label_spec(labels: str | Sequence[str]) -> LabelSpec:
+    """The hashable form of a labels value: a scheme name as is, a list as a tuple."""
+    return labels if isinstance(labels, str) else tuple(labels)
 
-    ``tokenizer`` may be a tokenizer or a processor holding one in ``.tokenizer``.
+
+def parse_labels(text: str) -> LabelSpec:
+    """A labels value sent as text: a JSON list, a comma list, or a scheme name.
+
+    Also accepts a stored scheme name ``custom:<hash>`` (what the profile routes list).
+    Raises ValueError for a malformed JSON list or an unknown name.
     """
-    tok = getattr(tokenizer, "tokenizer", None)
-    tok = tokenizer if tok is None else tok
-    return [list(tok(label, add_special_tokens=False)["input_ids"]) for label in labels]
+    value = text.strip()
+    if value.startswith("["):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError("labels is not a valid JSON list") from None
+        if not isinstance(parsed, list) or not all(isinstance(x, str) for x in parsed):
+            raise ValueError("labels must be a JSON list of strings")
+        return tuple(parsed)
+    if "," in value:
+        return tuple(part.strip() for part in value.split(","))
+    if value in SCHEMES or value.startswith("custom:"):
+        return value
+    raise ValueError(f"unknown label scheme {text!r}; use one of {SCHEMES} or a list")
 
 
-# ---------------------------------------------------------------- the label trie
-
-
-@dataclass
-class TrieNode:
-    """One prefix of label tokens.
-
-    ``choices`` is the restricted set normalised over at this node: the children's
-    tokens in ascending order, then ``eos_id`` when a label ends here and the node
-    also has children. A node with fewer than two choices is never scored (its
-    restricted log-prob is 0).
-    """
-
-    path: tuple[int, ...]
-    children: dict[int, int] = field(default_factory=dict)  # token -> node index
-    label: int | None = None  # index of the label ending here
-    choices: tuple[int, ...] = ()
-
-    @property
-    def depth(self) -> int:
-        return len(self.path)
-
-    @property
-    def is_inner(self) -> bool:
-        return bool(self.children)
-
-    @property
-    def is_branching(self) -> bool:
-        """Whether the restricted distribution here is non-trivial (>= 2 choices)."""
-        return len(self.choices) >= 2
-
-
-@dataclass
-class LabelTrie:
-    """Trie of the labels' token sequences; ``nodes[0]`` is the root (empty path)."""
-
-    nodes: list[TrieNode]
-    eos_id: int
-    token_sequences: list[tuple[int, ...]]
-    label_steps: list[list[tuple[int, int]]]  # per label: (node index, choice index) along its path
-
-    @classmethod
-    def build(cls, token_sequences: Sequence[Sequence[int]], eos_id: int) -> LabelTrie:
-        """Build the trie; labels must tokenise to distinct, non-empty sequences without EOS."""
-        seqs = [tuple(int(t) for t in s) for s in token_sequences]
-        if not seqs:
-            raise ValueError("need at least one label")
-        seen: dict[tuple[int, ...], int] = {}
-        for j, seq in enumerate(seqs):
-            if not seq:
-                raise ValueError(f"label {j} tokenises to nothing")
-            if eos_id in seq:
-                raise ValueError(f"label {j} contains the end-of-sequence token {eos_id}")
-            if seq in seen:
-                raise ValueError(f"labels {seen[seq]} and {j} tokenise identically: {list(seq)}")
-            seen[seq] = j
-        nodes = [TrieNode(path=())]
-        for j, seq in enumerate(seqs):
-            at = 0
-            for d, tok in enumerate(seq):
-                if tok not in nodes[at].children:
-                    nodes[at].children[tok] = len(nodes)
-                    nodes.append(TrieNode(path=seq[: d + 1]))
-                at = nodes[at].children[tok]
-            nodes[at].label = j
-        for node in nodes:
-            ends_inside = node.label is not None and node.is_inner
-            node.choices = tuple(sorted(node.children)) + ((eos_id,) if ends_inside else ())
-        label_steps = []
-        for seq in seqs:
-            steps, at = [], 0
-            for tok in seq:
-                steps.append((at, nodes[at].choices.index(tok)))
-                at = nodes[at].children[tok]
-            if nodes[at].is_inner:
-                steps.append((at, len(nodes[at].choices) - 1))  # the EOS choice
-            label_steps.append(steps)
-        return cls(nodes=nodes, eos_id=eos_id, token_sequences=seqs, label_steps=label_steps)
-
-    @classmethod
-    def from_labels(cls, tokenizer: Any, labels: Sequence[str], eos_id: int) -> LabelTrie:
-        """Tokenise ``labels`` (see ``label_token_sequences``) and build their trie."""
-        return cls.build(label_token_sequences(tokenizer, labels), eos_id)
-
-    @property
-    def n_labels(self) -> int:
-        return len(self.token_sequences)
-
-    @property
-    def root(self) -> TrieNode:
-        return self.nodes[0]
-
-    def node(self, path: Sequence[int]) -> TrieNode:
-        """The node reached by ``path`` (KeyError if no label starts with it)."""
-        at = 0
-        for tok in path:
-            at = self.nodes[at].children[int(tok)]
-        return self.nodes[at]
-
-    def branching_nodes(self, depth: int) -> list[int]:
-        """Indices of the nodes at ``depth`` that need a restricted log-softmax."""
-        return [i for i, nd in enumerate(self.nodes) if nd.depth == depth and nd.is_branching]
-
-    @property
-    def max_depth(self) -> int:
-        return max(len(s) for s in self.token_sequences)
-
-
-# ---------------------------------------------------------------- batched scoring
-
-
-def _restricted_log_softmax(
-    logits: torch.Tensor, choices: Sequence[Sequence[int]]
-) -> list[np.ndarray]:
-    """Row r: float64 log-softmax of logits[r] over the token ids choices[r] only."""
-    width = max(len(c) for c in choices)
-    index = torch.zeros((len(choices), width), dtype=torch.long)
-    valid = torch.zeros((len(choices), width), dtype=torch.bool)
-    for r, c in enumerate(choices):
-        index[r, : len(c)] = torch.tensor(c, dtype=torch.long)
-        valid[r, : len(c)] = True
-    picked = logits.gather(1, index.to(logits.device)).to(device="cpu", dtype=torch.float64)
-    picked = picked.masked_fill(~valid, float("-inf"))
-    logp = torch.log_softmax(picked, dim=-1).numpy()
-    return [logp[r, : len(c)] for r, c in enumerate(choices)]
-
-
-def score_label_tries(
-    tries: Sequence[LabelTrie], root_logits: torch.Tensor, step: StepFn
-) -> list[np.ndarray]:
-    """Restricted label scores s (N_i,) float64 per batch row, in label order.
-
-    ``root_logits`` (B, V) are the next-token logits at each row's last prompt
-    position; ``tries[i]`` is row i's label trie. Depth 0 is scored from
-    ``root_logits``; every deeper depth that has a branching node in any row costs
-    exactly one ``step`` call covering all rows' nodes at that depth (nodes with a
-    single choice have log-prob 0 and are skipped). Each row satisfies
-    sum_j exp(s_j) = 1.
-    """
-    if root_logits.ndim != 2 or root_logits.shape[0] != len(tries):
-        raise ValueError(
-            f"root_logits must be (B, V) with B = len(tries) = {len(tries)}, "
-            f"got {tuple(root_logits.shape)}"
-        )
-    node_logp: list[dict[int, np.ndarray]] = [{} for _ in tries]
-    max_depth = max((t.max_depth for t in tries), default=0)
-    for depth in range(max_depth):
-        requests = [(i, k) for i, trie in enumerate(tries) for k in trie.branching_nodes(depth)]
-        if not requests:
-            continue
-        choices = [tries[i].nodes[k].choices for i, k in requests]
-        if depth == 0:
-            rows = torch.tensor([i for i, _ in requests], device=root_logits.device)
-            logits = root_logits.index_select(0, rows)
-        else:
-            rows = torch.tensor([i for i, _ in requests], dtype=torch.long)
-            paths = torch.tensor([tries[i].nodes[k].path for i, k in requests], dtype=torch.long)
-            logits = step(rows.to(root_logits.device), paths.to(root_logits.device))
-            if logits.shape[0] != len(requests):
-                raise ValueError(f"step returned {logits.shape[0]} rows for {len(requests)} paths")
-        for (i, k), logp in zip(requests, _restricted_log_softmax(logits, choices), strict=True):
-            node_logp[i][k] = logp
-    scores = []
-    for i, trie in enumerate(tries):
-        s = np.zeros(trie.n_labels, dtype=np.float64)
-        for j, steps in enumerate(trie.label_steps):
-            s[j] = sum(node_logp[i][k][c] for k, c in steps if trie.nodes[k].is_branching)
-        scores.append(s)
-    return scores
+def stored_scheme(labels: LabelSpec) -> str:
+    """The scheme name a profile is stored under for ``labels`` (``custom:<hash>`` kept)."""
+    if isinstance(labels, str) and labels.startswith("custom:"):
+        return labels
+    return scheme_name(labels)

@@ -17,20 +17,6 @@ the trie's root (DESIGN §2.1) are scored in one of two ways:
 
 ``generate()`` is never used. Items in one batch may have different N and
 different images; rows are left-padded.
-
-Public API (stable)::
-
-    RetrievalItem(query: str, images: Sequence[PIL.Image.Image])        # frozen
-    ForwardResult(scores: list[np.ndarray (N_i,)],                      # s, log-probs
-                  attention: list[np.ndarray (|Λ|, N_i)],               # a_k^(l)
-                  timings_ms: {"forward": ms, "score": ms})             # batch totals
-    Runner(model, processor, *, model_id="in-memory", revision=None, layers=None,
-           prompt_variant="vanilla", threads=None)
-        .forward(items, labels="digits") -> ForwardResult
-        .fingerprint(labels, n) -> calibration_store.Fingerprint   # what a profile is valid for
-        .prompts(items, labels="digits") -> list[str]     # rendered chat prompts
-        .layers (Λ), .num_layers (L), .device, .dtype, .model_id, .revision,
-        .prompt_variant, .adapter, .model, .processor, .attention_backend
 """
 
 from __future__ import annotations
@@ -38,14 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from transformers import DynamicCache
 
+from app.engine.adapter import FamilyAdapter, PromptBatch
 from app.engine.attention import (
     CAPTURE_IMPLEMENTATION,
     aggregate_spans,
@@ -53,36 +38,11 @@ from app.engine.attention import (
     default_layers,
     enable_capture,
 )
-from app.engine.labels import (
-    LabelTrie,
-    StepFn,
-    resolve_labels,
-    scheme_name,
-    score_label_tries,
-)
-from app.models.base import FamilyAdapter, PromptBatch
-from app.models.prompts import prompt_hash, prompt_text
-from app.models.registry import adapter_for
+from app.engine.interface import ForwardResult, RetrievalItem
+from app.engine.labels import LabelSpec, resolve_labels, scheme_name
+from app.engine.prompts import prompt_hash, prompt_text
+from app.engine.trie import LabelTrie, StepFn, score_label_tries
 from calibration_store.profile import Fingerprint
-
-LabelSpec = str | Sequence[str]
-
-
-@dataclass(frozen=True)
-class RetrievalItem:
-    """One retrieval request: a text query and its N candidate images, in order."""
-
-    query: str
-    images: Sequence[Image.Image]
-
-
-@dataclass
-class ForwardResult:
-    """Per-item scores s (N_i,) and attention a (|Λ|, N_i), plus batch stage timings."""
-
-    scores: list[np.ndarray]
-    attention: list[np.ndarray]
-    timings_ms: dict[str, float]
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
@@ -171,12 +131,14 @@ def folded_scoring(
 
 
 class Runner:
-    """Holds one model with its processor and family adapter; thread-safe ``forward``."""
+    """Holds one model through its family adapter; ``forward`` is thread-safe.
+
+    The caller (``app.models.loader``) builds the adapter; the runner never looks a family up.
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        processor: Any,
+        adapter: FamilyAdapter,
         *,
         model_id: str = "in-memory",
         revision: str | None = None,
@@ -186,9 +148,9 @@ class Runner:
     ) -> None:
         if threads is not None:
             torch.set_num_threads(int(threads))
-        self.model = model.eval()
-        self.processor = processor
-        self.adapter: FamilyAdapter = adapter_for(model.config)(model, processor)
+        self.adapter = adapter
+        self.model = adapter.model.eval()
+        self.processor = adapter.processor
         self.model_id = model_id
         self.revision = revision
         self.prompt_variant = prompt_variant
@@ -251,9 +213,9 @@ class Runner:
         )
 
     # ---- the forward ----------------------------------------------------------------------
-    def encode(self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits") -> PromptBatch:
+    def process(self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits") -> PromptBatch:
         """Processor output for the batch, on the model's device (pixels in its dtype)."""
-        batch = self.adapter.encode(self.prompts(items, labels), [list(i.images) for i in items])
+        batch = self.adapter.process(self.prompts(items, labels), [list(i.images) for i in items])
         return batch.to(self.device, self.dtype)
 
     def forward(
@@ -268,12 +230,12 @@ class Runner:
         tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            return self._forward_encoded(self.encode(items, labels), tries, start)
+            return self._forward_processed(self.process(items, labels), tries, start)
 
-    def _forward_encoded(
+    def _forward_processed(
         self, batch: PromptBatch, tries: Sequence[LabelTrie], start: float | None = None
     ) -> ForwardResult:
-        """Forward and score an encoded batch, row r with ``tries[r]`` (any mix of schemes).
+        """Forward and score a processed batch, row r with ``tries[r]`` (any mix of schemes).
 
         Folds when every row's trie branches along one chain (and ``_fold_chains``),
         else runs the prompt forward plus cached steps. The caller holds the lock.

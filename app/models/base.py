@@ -1,36 +1,10 @@
-"""The questions a model family answers, and nothing else.
+"""The default answers of an HF-native MLLM family to the engine's adapter questions.
 
-A *family adapter* is the only place in the code that knows how one MLLM family
-lays out a multi-image prompt. The runner, the attention capture and the label
-scoring are written against this class; adding a family is one file that
-subclasses :class:`FamilyAdapter` and registers it (``app.models.registry``).
-
-Public API (stable; other modules code against it)::
-
-    class FamilyAdapter:
-        model_types: ClassVar[tuple[str, ...]]        # config.model_type values served
-        text_config_key: ClassVar[str] = "text_config"    # sub-config of the language model
-        vision_config_key: ClassVar[str] = "vision_config"  # sub-config of the vision tower
-        image_delimiters: ClassVar[tuple[str, str] | None]  # tokens opening/closing an image
-        processor_class: ClassVar[type | None] = None   # what processor_from_parts builds
-        processor_settings: ClassVar[tuple[str, ...]] = ()  # processor_config.json keys
-
-        __init__(model, processor)
-        .model, .processor, .tokenizer, .config
-        messages(n_images, text) -> list[dict]        # N images first, then one text part
-        render(n_images, text) -> str                 # chat template + generation prompt
-        encode(prompts, images) -> PromptBatch        # processor call, LEFT padding
-        image_spans(input_ids, n_images) -> list[tuple[int, int]]   # R_k per row
-        num_layers() -> int                           # decoder layers L of the text model
-        end_token_id() -> int                         # end-of-turn token written after a label
-        prompt_kwargs(batch) -> dict                  # kwargs of the one prompt forward
-        last_positions(batch) -> LongTensor (B,)      # text position of the last prompt token
-        decode_position_ids(last, depth) -> LongTensor   # positions of `depth` label tokens
-        attn_implementation(text, vision) -> dict     # argument of set_attn_implementation
-        chat_template() -> str                        # for the prompt hash
-        load_processor(path, revision=None) -> processor         # classmethod, offline-safe
-        processor_from_parts(image_processor, tokenizer, chat_template, **settings)  # classmethod
-        processor_images(images) -> images argument of the processor call (flat by default)
+A *family adapter* is the only place in the code that knows how one MLLM family lays
+out a multi-image prompt. The engine is written against the protocol
+``app.engine.adapter.FamilyAdapter``; :class:`HFAdapter` answers it the way most
+transformers MLLMs need, and a family is one file that subclasses it, overrides what
+differs and registers it (``app.models.registry``).
 
 Token spans are half-open ``(start, end)`` indices into the *padded* row, and
 include the family's delimiter tokens (e.g. Qwen ``<|vision_start|>`` ..
@@ -39,49 +13,17 @@ include the family's delimiter tokens (e.g. Qwen ``<|vision_start|>`` ..
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from PIL import Image
 
-
-@dataclass
-class PromptBatch:
-    """A processed, left-padded batch: model inputs plus what the engine needs later.
-
-    ``inputs`` holds every tensor the processor produced (input_ids,
-    attention_mask, pixel values, grids ...). ``n_images`` is N_i per row.
-    ``extra`` is free for the adapter (e.g. per-row image-token counts).
-    """
-
-    inputs: dict[str, torch.Tensor]
-    n_images: list[int]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        return self.inputs["input_ids"]
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        return self.inputs["attention_mask"]
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PromptBatch:
-        """Move tensors to ``device``; floating tensors (pixels) also to ``dtype``."""
-        moved: dict[str, torch.Tensor] = {}
-        for key, value in self.inputs.items():
-            if not isinstance(value, torch.Tensor):
-                moved[key] = value
-            elif dtype is not None and value.is_floating_point():
-                moved[key] = value.to(device=device, dtype=dtype)
-            else:
-                moved[key] = value.to(device)
-        return PromptBatch(inputs=moved, n_images=list(self.n_images), extra=dict(self.extra))
+from app.engine.adapter import PromptBatch
 
 
-class FamilyAdapter:
+class HFAdapter:
     """Default answers shared by HF-native MLLMs; families override what differs."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -165,7 +107,7 @@ class FamilyAdapter:
             template = template.get("default", next(iter(template.values()), ""))
         return template or ""
 
-    def encode(
+    def process(
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
     ) -> PromptBatch:
         """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
@@ -265,3 +207,34 @@ class FamilyAdapter:
     def vision_attn_implementation(self) -> str | None:
         vision = getattr(self.config, self.vision_config_key, None)
         return getattr(vision, "_attn_implementation", None)
+
+
+def without_video_processor(processor_cls: type, name: str, module: str) -> type:
+    """A subclass of a family's processor that is built without its video processor.
+
+    The video processors need torchvision, which the service does not install. The
+    subclass's ``__init__`` signature is the parent's minus ``video_processor``, so
+    ``save_pretrained`` still writes every setting the parent names and ``from_pretrained``
+    loads no video processor (transformers reads the signature for both). Family settings
+    other than the chat template reach it as keywords (``HFAdapter.processor_from_parts``).
+    """
+    parent = inspect.signature(processor_cls.__init__)
+
+    def __init__(
+        self: Any,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.pop("video_processor", None)
+        processor_cls.__init__(
+            self, image_processor, tokenizer, video_processor=None,
+            chat_template=chat_template, **kwargs,
+        )  # fmt: skip
+
+    params = [p for key, p in parent.parameters.items() if key != "video_processor"]
+    __init__.__signature__ = parent.replace(parameters=params)  # type: ignore[attr-defined]
+    doc = f"{processor_cls.__name__} without the video processor (which needs torchvision)."
+    namespace = {"__init__": __init__, "__doc__": doc, "__module__": module}
+    return type(name, (processor_cls,), namespace)

@@ -9,40 +9,20 @@ and the trie's decode steps hold; the assistant turn ends with `<|im_end|>`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from transformers import InternVLProcessor
 
-from app.models.base import FamilyAdapter
+from app.models.base import HFAdapter, without_video_processor
 from app.models.registry import register
 
-
-class InternVLProcessorNoVideo(InternVLProcessor):
-    """InternVL processor without the video processor (which needs torchvision).
-
-    `image_seq_length` is named in the signature so that `save_pretrained` writes it.
-    """
-
-    def __init__(
-        self,
-        image_processor: Any = None,
-        tokenizer: Any = None,
-        image_seq_length: int = 256,
-        chat_template: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            image_processor,
-            tokenizer,
-            None,
-            image_seq_length=image_seq_length,
-            chat_template=chat_template,
-            **kwargs,
-        )
+InternVLProcessorNoVideo = without_video_processor(
+    InternVLProcessor, "InternVLProcessorNoVideo", __name__
+)
 
 
 @register
-class InternVLAdapter(FamilyAdapter):
+class InternVLAdapter(HFAdapter):
     """Images first (`<IMG_CONTEXT>` placeholders), spans `<img>`..`</img>`."""
 
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)

@@ -23,40 +23,12 @@ import torch
 from PIL import Image
 from transformers import LlavaOnevisionProcessor
 
-from app.models.base import FamilyAdapter
+from app.models.base import HFAdapter, without_video_processor
 from app.models.registry import register
 
-
-class LlavaOnevisionProcessorNoVideo(LlavaOnevisionProcessor):
-    """LLaVA-OneVision processor without the video processor (which needs torchvision).
-
-    The settings are named in the signature so that `save_pretrained` writes them.
-    """
-
-    def __init__(
-        self,
-        image_processor: Any = None,
-        tokenizer: Any = None,
-        num_image_tokens: int | None = None,
-        vision_feature_select_strategy: str | None = None,
-        chat_template: str | None = None,
-        image_token: str = "<image>",
-        video_token: str = "<video>",
-        vision_aspect_ratio: str = "anyres_max_9",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            image_processor,
-            tokenizer,
-            None,
-            num_image_tokens=num_image_tokens,
-            vision_feature_select_strategy=vision_feature_select_strategy,
-            chat_template=chat_template,
-            image_token=image_token,
-            video_token=video_token,
-            vision_aspect_ratio=vision_aspect_ratio,
-            **kwargs,
-        )
+LlavaOnevisionProcessorNoVideo = without_video_processor(
+    LlavaOnevisionProcessor, "LlavaOnevisionProcessorNoVideo", __name__
+)
 
 
 def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
@@ -75,7 +47,7 @@ def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
 
 
 @register
-class LlavaOnevisionAdapter(FamilyAdapter):
+class LlavaOnevisionAdapter(HFAdapter):
     """Images first as adjacent `<image>` placeholders, spans split per image."""
 
     model_types: ClassVar[tuple[str, ...]] = ("llava_onevision",)

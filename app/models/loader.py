@@ -1,16 +1,6 @@
-"""Load a model by hub name, local path or ``"demo"`` and wrap it in a Runner.
+"""Load a model (hub name, local path or ``"demo"``), build its adapter, wrap it in a Runner.
 
-Public API::
-
-    DEMO_MODEL_DIR: Path                      # app/demo/model/
-    resolve_device(device="auto") -> torch.device     # cuda when available
-    resolve_dtype(dtype="auto", device) -> torch.dtype  # bf16 on cuda, fp32 on cpu
-    load_runner(model, *, revision=None, device="auto", dtype="auto", layers=None,
-                prompt_variant="vanilla", threads=None) -> Runner
-    runner_from_model(model, processor, *, model_id="in-memory", revision=None,
-                      layers=None, prompt_variant="vanilla", threads=None) -> Runner
-                      # an alias of the Runner constructor
-
+This is where the family registry is consulted: the runner receives a built adapter.
 The processor is loaded through the family adapter's ``load_processor``, which
 falls back to rebuilding it from the saved tokenizer, image processor and chat
 template when ``AutoProcessor`` cannot (e.g. no torchvision), so a saved
@@ -69,9 +59,13 @@ def _model_class(config: Any) -> Any:
     return transformers.AutoModelForImageTextToText
 
 
-# A Runner over an in-memory model (tests, tiny models): the constructor itself, so the
-# loader's name for it can never fall out of step with the Runner's arguments.
-runner_from_model = Runner
+def make_runner(model: torch.nn.Module, processor: Any, **options: Any) -> Runner:
+    """A Runner over an in-memory model and processor (tiny test models, training).
+
+    The family adapter comes from the registry by ``model.config.model_type``; ``options``
+    are the Runner's keyword arguments (model_id, revision, layers, prompt_variant, threads).
+    """
+    return Runner(adapter_for(model.config)(model, processor), **options)
 
 
 def load_runner(
@@ -105,8 +99,7 @@ def load_runner(
     loaded = loaded.to(target).eval()
     processor = adapter_cls.load_processor(source, revision=revision)
     return Runner(
-        loaded,
-        processor,
+        adapter_cls(loaded, processor),
         model_id=model,
         revision=revision,
         layers=layers,

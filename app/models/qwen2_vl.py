@@ -12,38 +12,25 @@ the three rope axes.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 
-from app.models.base import FamilyAdapter, PromptBatch
+from app.engine.adapter import PromptBatch
+from app.models.base import HFAdapter, without_video_processor
 from app.models.registry import register
 
-
-class _NoVideoMixin:
-    """Builds a Qwen processor without the video processor (which needs torchvision)."""
-
-    def __init__(
-        self,
-        image_processor: Any = None,
-        tokenizer: Any = None,
-        chat_template: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-
-class Qwen2VLProcessorNoVideo(_NoVideoMixin, Qwen2VLProcessor):
-    """Qwen2-VL processor without the video processor."""
-
-
-class Qwen2_5_VLProcessorNoVideo(_NoVideoMixin, Qwen2_5_VLProcessor):
-    """Qwen2.5-VL processor without the video processor."""
+Qwen2VLProcessorNoVideo = without_video_processor(
+    Qwen2VLProcessor, "Qwen2VLProcessorNoVideo", __name__
+)
+Qwen2_5_VLProcessorNoVideo = without_video_processor(
+    Qwen2_5_VLProcessor, "Qwen2_5_VLProcessorNoVideo", __name__
+)
 
 
 @register
-class Qwen2VLAdapter(FamilyAdapter):
+class Qwen2VLAdapter(HFAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<|vision_start|>", "<|vision_end|>")
     end_token: ClassVar[str | None] = "<|im_end|>"

@@ -1,15 +1,7 @@
 """Registry of family adapters keyed by the config's ``model_type``.
 
-Public API::
-
-    register(adapter_cls) -> adapter_cls        # class decorator
-    adapter_class(model_type) -> type[FamilyAdapter]
-    adapter_for(config) -> type[FamilyAdapter]   # by config.model_type
-    supported_model_types() -> tuple[str, ...]
-    UnsupportedModelError(ValueError)
-
-Built-in families are imported lazily on first lookup, so a family module may
-import this one without a cycle.
+Built-in families are imported on first lookup, so a family module may import this one
+(to register itself) without a cycle.
 """
 
 from __future__ import annotations
@@ -17,9 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from app.models.base import FamilyAdapter
+from app.models.base import HFAdapter
 
-_ADAPTERS: dict[str, type[FamilyAdapter]] = {}
+_ADAPTERS: dict[str, type[HFAdapter]] = {}
 _BUILTIN_MODULES = ("app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl")
 _loaded = False
 
@@ -28,7 +20,7 @@ class UnsupportedModelError(ValueError):
     """The checkpoint's ``model_type`` has no adapter."""
 
 
-def register(adapter_cls: type[FamilyAdapter]) -> type[FamilyAdapter]:
+def register(adapter_cls: type[HFAdapter]) -> type[HFAdapter]:
     """Class decorator: serve every ``adapter_cls.model_types`` with ``adapter_cls``."""
     if not adapter_cls.model_types:
         raise ValueError(f"{adapter_cls.__name__} declares no model_types")
@@ -39,15 +31,10 @@ def register(adapter_cls: type[FamilyAdapter]) -> type[FamilyAdapter]:
 
 def _load_builtins() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in _BUILTIN_MODULES:
-        try:
+    if not _loaded:
+        _loaded = True
+        for name in _BUILTIN_MODULES:
             importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a family module not written yet
-            if exc.name != name:
-                raise
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -55,7 +42,7 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(_ADAPTERS))
 
 
-def adapter_class(model_type: str) -> type[FamilyAdapter]:
+def adapter_class(model_type: str) -> type[HFAdapter]:
     _load_builtins()
     try:
         return _ADAPTERS[model_type]
@@ -66,6 +53,6 @@ def adapter_class(model_type: str) -> type[FamilyAdapter]:
         ) from None
 
 
-def adapter_for(config: Any) -> type[FamilyAdapter]:
+def adapter_for(config: Any) -> type[HFAdapter]:
     """The adapter class for a transformers config (by ``config.model_type``)."""
     return adapter_class(getattr(config, "model_type", None) or "")

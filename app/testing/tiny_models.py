@@ -7,15 +7,6 @@ image costs a few tokens, and the chat template is a string in this file.
 These models prove the plumbing (spans, label scores, captured attention,
 batching, padding), not accuracy.
 
-Public API::
-
-    FAMILIES = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
-    build_tiny(family, *, seed=0, **overrides) -> (model, processor)
-    tiny_runner(family, *, seed=0, layers=None, prompt_variant="vanilla", **overrides) -> Runner
-    byte_level_tokenizer(special_tokens) -> Qwen2Tokenizer
-    chatml_template(list_content) -> str      # ChatML framing around the family's parts
-    random_images(n, *, seed=0, sizes=None) -> list[PIL.Image.Image]
-
 ``overrides`` for the Qwen families: hidden_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, intermediate_size,
 max_position_embeddings, image_pixels (side in pixels of the square the image is
@@ -106,17 +97,14 @@ def random_images(
     return out
 
 
-def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    side = int(overrides.pop("image_pixels", 56))
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
+def _qwen_text_config(vocab: int, ids: dict[str, int], overrides: dict[str, Any]) -> dict:
+    """The tiny language model's config; pops the text overrides it understands."""
     hidden = int(overrides.pop("hidden_size", 64))
     heads = int(overrides.pop("num_attention_heads", 4))
     head_dim = hidden // heads
     quarter = head_dim // 4
-    text = {
-        "vocab_size": len(tokenizer),
+    return {
+        "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(overrides.pop("intermediate_size", 2 * hidden)),
         "num_hidden_layers": int(overrides.pop("num_hidden_layers", 4)),
@@ -133,6 +121,15 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
     }
+
+
+def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Module, Any]:
+    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    side = int(overrides.pop("image_pixels", 56))
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
+    text = _qwen_text_config(len(tokenizer), ids, overrides)
+    hidden = text["hidden_size"]
     if family == "qwen2_5_vl":
         vision = {
             "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -192,9 +189,9 @@ def tiny_runner(
     **overrides: Any,
 ) -> Any:
     """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``)."""
-    from app.models.loader import runner_from_model
+    from app.models.loader import make_runner
 
     model, processor = build_tiny(family, seed=seed, **overrides)
-    return runner_from_model(
+    return make_runner(
         model, processor, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,6 +11,8 @@ from starlette.datastructures import UploadFile
 
 from app import errors
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
+from app.engine.labels import parse_labels
+from app.engine.methods import METHODS
 from app.schemas import ErrorResponse, RetrieveOptions, RetrieveRequest, RetrieveResponse
 from app.settings import Settings
 
@@ -24,8 +25,7 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
     "properties": {
         "query": {"type": "string"},
         "images": {"type": "array", "items": {"type": "string", "format": "binary"}},
-        "method": {"type": "string", "enum": ["agd", "vanilla", "pride", "attn_pure", "perm_avg"],
-                   "default": "agd"},
+        "method": {"type": "string", "enum": list(METHODS), "default": "agd"},
         "profile": {"type": "string", "default": "default"},
         "labels": {"type": "string", "default": "digits",
                    "description": 'scheme name, or a JSON list / comma list of labels'},
@@ -69,19 +69,6 @@ def _body_limit(settings: Settings) -> int:
     return settings.max_images * (settings.max_image_bytes * 4 // 3 + 1024) + 1024 * 1024
 
 
-def _parse_labels(value: str) -> str | list[str]:
-    text = value.strip()
-    if text.startswith("["):
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError:
-            raise errors.InvalidLabels("labels is not a valid JSON list") from None
-        return parsed
-    if "," in text:
-        return [part.strip() for part in text.split(",")]
-    return text
-
-
 async def _from_json(request: Request) -> RetrieveRequest:
     body = await request.body()
     try:
@@ -114,7 +101,11 @@ async def _from_form(request: Request, settings: Settings) -> tuple[RetrieveOpti
                 images.append(part)
         raw: dict[str, Any] = {k: form[k] for k in _OPTION_FIELDS if isinstance(form.get(k), str)}
     if "labels" in raw:
-        raw["labels"] = _parse_labels(raw["labels"])
+        try:
+            labels = parse_labels(raw["labels"])
+        except ValueError as exc:
+            raise errors.InvalidLabels(str(exc)) from None
+        raw["labels"] = labels if isinstance(labels, str) else list(labels)
     try:
         options = RetrieveOptions.model_validate(raw)
     except ValidationError as exc:

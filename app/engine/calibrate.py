@@ -1,0 +1,56 @@
+"""Calibration (DESIGN §2.3): the rotated instances of M examples, and B and P from their evidence.
+
+The one calibration build of the project: the service (through its queue) and the
+evaluation (through batched forwards) both turn examples into instances here, run them
+their own way, and hand the evidence back to :func:`estimate_calibration`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from app.engine import debias
+
+T = TypeVar("T")
+
+Example = tuple[str, Sequence[T], int]
+"""(query, images, answer): answer is the 0-based index of the matching image."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """B (N, N), rows = GT position t, and P (|Λ|, N), rows in the order of Λ."""
+
+    bias_matrix: np.ndarray
+    attention_prior: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.bias_matrix.shape[0])
+
+
+def calibration_instances(
+    examples: Sequence[Example[T]],
+) -> tuple[list[tuple[str, list[T]]], np.ndarray]:
+    """Every example under its N cyclic rotations: the (query, images') instances and, for
+    each, the GT position t = perm.index(answer), so the GT visits every position once."""
+    instances: list[tuple[str, list[T]]] = []
+    gt: list[int] = []
+    for query, images, answer in examples:
+        n = len(images)
+        for shift in range(n):
+            instances.append((query, debias.rotate(images, shift)))
+            gt.append(debias.rotated_position(answer, shift, n))
+    return instances, np.asarray(gt, dtype=np.int64)
+
+
+def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Calibration:
+    """B from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N)."""
+    return Calibration(
+        bias_matrix=debias.estimate_bias_matrix(scores, gt_positions),
+        attention_prior=debias.estimate_attention_prior(attention),
+    )

@@ -1,0 +1,68 @@
+"""The engine as the service sees it: items in, evidence out, without importing torch.
+
+``RetrievalItem`` and ``ForwardResult`` are what crosses the queue; ``RunnerLike`` is the
+part of ``app.engine.runner.Runner`` that the service calls, so that the service (and its
+tests, which wrap a runner) are typed without loading torch or a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from PIL import Image
+
+from app.engine.labels import LabelSpec
+
+if TYPE_CHECKING:
+    from calibration_store.profile import Fingerprint
+
+
+@dataclass(frozen=True)
+class RetrievalItem:
+    """One retrieval instance: a text query and its N candidate images, in order."""
+
+    query: str
+    images: Sequence[Image.Image]
+
+
+@dataclass
+class ForwardResult:
+    """Per-item scores s (N_i,) and attention a (|Λ|, N_i), plus batch stage timings."""
+
+    scores: list[np.ndarray]
+    attention: list[np.ndarray]
+    timings_ms: dict[str, float]
+
+
+class RunnerLike(Protocol):
+    """What the service needs from a runner (``app.engine.runner.Runner`` implements it)."""
+
+    model_id: str
+    revision: str | None
+    layers: tuple[int, ...]
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def device(self) -> Any: ...
+
+    @property
+    def attention_backend(self) -> str: ...
+
+    def forward(
+        self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits"
+    ) -> ForwardResult:
+        """Scores and attention of every item, one prompt forward for the batch."""
+        ...
+
+    def label_trie(self, labels: Sequence[str]) -> Any:
+        """The labels' token trie (raises ValueError when the labels cannot be scored)."""
+        ...
+
+    def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
+        """The engine configuration a profile for (labels, N) is valid for."""
+        ...

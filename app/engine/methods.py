@@ -1,0 +1,104 @@
+"""The retrieval methods (DESIGN §2.4–§2.5) by name, applied to one forward's evidence.
+
+The one method dispatch of the project, and the one list of method names: the wire
+schemas, the routes, the CLI and the evaluation all read ``METHODS`` from here.
+Inputs are one instance (s (N,), a (|Λ|, N)) or a batch ((B, N), (B, |Λ|, N)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from app.engine import debias
+from app.engine.calibrate import Calibration
+
+Method = Literal["agd", "vanilla", "pride", "attn_raw", "attn_pure", "perm_avg"]
+METHODS: tuple[str, ...] = ("agd", "vanilla", "pride", "attn_raw", "attn_pure", "perm_avg")
+"""agd (the default) first; perm_avg costs N forward passes, every other method one."""
+NEEDS_CALIBRATION: frozenset[str] = frozenset({"agd", "pride", "attn_pure"})
+"""Methods that apply a calibration (B and/or P)."""
+MULTI_PASS: frozenset[str] = frozenset({"perm_avg"})
+"""Methods that need the scores of all N cyclic rotations (N forward passes)."""
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """The inference hyper-parameters of §2.4: K, τ and the two variant switches."""
+
+    top_k: int = 2
+    tau: float = 5.0
+    posterior_variant: str = "reference"
+    mixture: str = "linear"
+
+
+@dataclass
+class MethodOutput:
+    """``probabilities`` (..., N) sum to 1 and their argmax is the prediction; the posterior π
+    and the debiased scores d are set by the methods that compute them."""
+
+    probabilities: np.ndarray
+    posterior: np.ndarray | None = None
+    debiased_scores: np.ndarray | None = None
+
+
+def passes(method: str, n: int) -> int:
+    """Forward passes the method needs for one instance of N candidates."""
+    return n if method in MULTI_PASS else 1
+
+
+def apply_method(
+    method: str,
+    scores: Any,
+    attention: Any,
+    calibration: Calibration | None = None,
+    config: MethodConfig = MethodConfig(),
+    rotated_scores: Sequence[Any] | None = None,
+) -> MethodOutput:
+    """The answer of ``method`` for one instance or a batch.
+
+    ``rotated_scores`` (perm_avg only): the scores of the N cyclic rotations, rotation r at
+    index r, in position order ((N, N), or (B, N, N) for a batch); rotation 0 is ``scores``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
+    s = np.asarray(scores, dtype=np.float64)
+    if method == "vanilla":
+        return MethodOutput(debias.softmax(s))
+    if method == "perm_avg":
+        return _perm_avg(s, rotated_scores)
+    if method == "attn_raw":
+        readout = debias.raw_attention_readout(attention, top_k=config.top_k)
+        total = readout.sum(axis=-1, keepdims=True)
+        uniform = np.full_like(readout, 1.0 / readout.shape[-1])
+        return MethodOutput(np.where(total > 0, readout / np.where(total > 0, total, 1), uniform))
+    if calibration is None:
+        raise ValueError(f"method {method!r} needs a calibration (B and P)")
+    if method == "pride":
+        d = debias.pride_scores(s, calibration.bias_matrix)
+        return MethodOutput(debias.softmax(d), debiased_scores=d)
+    posterior = debias.attention_posterior(
+        attention, calibration.attention_prior, top_k=config.top_k, tau=config.tau,
+        variant=config.posterior_variant,
+    )  # fmt: skip
+    if method == "attn_pure":
+        return MethodOutput(posterior, posterior=posterior)
+    d = debias.debias_scores(s, calibration.bias_matrix, posterior, mixture=config.mixture)
+    return MethodOutput(debias.softmax(d), posterior=posterior, debiased_scores=d)
+
+
+def _perm_avg(scores: np.ndarray, rotated_scores: Sequence[Any] | None) -> MethodOutput:
+    """Scores of the N rotations mapped back to image identity and averaged (§2.5)."""
+    if rotated_scores is None:
+        raise ValueError("perm_avg needs the scores of all N cyclic rotations")
+    rotated = np.asarray(rotated_scores, dtype=np.float64)
+    n = scores.shape[-1]
+    perms = debias.rotations(n)
+    if rotated.ndim == 2:
+        d = debias.permutation_average(rotated, perms)
+    else:
+        d = np.stack([debias.permutation_average(r, perms) for r in rotated])
+    return MethodOutput(debias.softmax(d), debiased_scores=d)

@@ -1,0 +1,289 @@
+"""The handler between HTTP and the engine: decode -> queue -> forward -> score -> debias -> encode.
+
+`Service` owns the model worker (one queue, one thread), the profiles and the metrics.
+Routes hand it validated wire schemas and get wire schemas back; numpy arrays and engine
+dataclasses never leave the service package. Calibration runs its M·N rotated instances
+through the same queue as retrieval, in waves of one batch, so it shares the model fairly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from starlette.concurrency import run_in_threadpool
+
+from app import errors
+from app.decode import ImageInput, check_candidates, check_query, decode_image
+from app.engine import debias
+from app.engine.calibrate import calibration_instances, estimate_calibration
+from app.engine.interface import RetrievalItem, RunnerLike
+from app.engine.labels import LabelSpec, label_spec, scheme_name
+from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
+from app.metrics import Metrics
+from app.schemas import (
+    CalibrateRequest,
+    CalibrateResponse,
+    ProfileRef,
+    Readiness,
+    RetrieveDetails,
+    RetrieveResponse,
+)
+from app.service.profiles import ProfileService, calibration_of
+from app.service.worker import ModelWorker, Work, WorkResult
+from app.settings import Settings
+from calibration_store import Profile, ProfileStore
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1e3
+
+
+class Service:
+    """One model, one queue, one store: everything the routes need."""
+
+    def __init__(
+        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.store = store
+        self.metrics = metrics
+        self.worker = ModelWorker(runner, settings, metrics)
+        self.profiles = ProfileService(runner, store, metrics)
+        self.method_config = MethodConfig(
+            top_k=settings.top_k, tau=settings.tau,
+            posterior_variant=settings.posterior_variant, mixture=settings.mixture,
+        )  # fmt: skip
+        metrics.set_model_info(self.model_info())
+
+    @property
+    def model_id(self) -> str:
+        return str(self.runner.model_id)
+
+    def model_info(self) -> dict[str, Any]:
+        r = self.runner
+        return {
+            "model_id": r.model_id, "revision": r.revision,
+            "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
+            "attention_backend": r.attention_backend,
+            "layers": ",".join(str(x) for x in r.layers),
+        }  # fmt: skip
+
+    def start(self) -> None:
+        self.worker.start()
+
+    async def readiness(self) -> Readiness:
+        """Ready when the worker runs and the store reports ok (its health, off the loop)."""
+        try:
+            store = await run_in_threadpool(self.store.health)
+        except Exception:  # a store that cannot even report is not ready
+            self.metrics.store_errors.labels(operation="health").inc()
+            store = {"ok": False, "error": "the store could not report its health"}
+        batcher = self.worker.batcher
+        return Readiness(
+            ready=batcher.running and bool(store.get("ok", False)),
+            model={"loaded": True, "worker_running": batcher.running, **self.model_info()},
+            store=store,
+            queue={"depth": batcher.depth, "max_queue": batcher.max_queue,
+                   "max_batch_size": batcher.max_batch_size},
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+    # -------------------------------------------------------------------- decode stage
+    def decode_images(self, images: Sequence[ImageInput], where: str) -> list[Image.Image]:
+        """The decode stage (called off the event loop)."""
+        return [decode_image(img, f"{where}[{i}]", self.settings) for i, img in enumerate(images)]
+
+    def check_labels(self, n: int, labels: LabelSpec, where: str) -> list[str]:
+        """N within limits and labels the model can score (checked before the queue)."""
+        strings = check_candidates(n, labels, self.settings, where)
+        try:
+            self.runner.label_trie(strings)  # tokenises the labels; cached by the runner
+        except ValueError as exc:
+            raise errors.InvalidLabels(f"these labels cannot be scored: {exc}") from None
+        return strings
+
+    def _uncalibrated(self, profile: str, labels: LabelSpec, n: int) -> errors.ServiceError:
+        return errors.CalibrationRequired(
+            f"no calibration for model {self.model_id!r}, profile {profile!r}, labels "
+            f"{scheme_name(labels)!r} and N={n}: POST /v1/calibrate with "
+            f'{{"profile": "{profile}", "examples": [...]}} holding 1-64 (5 recommended) '
+            f'examples of {n} images each with their answer, or use method "vanilla" or '
+            '"perm_avg"'
+        )
+
+    def _prepare(
+        self, images: Sequence[ImageInput], method: str, profile: str, labels: LabelSpec
+    ) -> tuple[list[Image.Image], Profile | None]:
+        """Off the event loop: the decoded images and the profile the method needs."""
+        pil = self.decode_images(images, "images")
+        if method not in NEEDS_CALIBRATION:
+            return pil, None
+        stored = self.profiles.current(profile, labels, len(images))
+        if stored is None and not self.settings.fallback_to_vanilla:
+            raise self._uncalibrated(profile, labels, len(images))
+        return pil, stored
+
+    # -------------------------------------------------------------------- retrieve
+    async def retrieve(
+        self,
+        *,
+        query: str,
+        images: Sequence[ImageInput],
+        method: str,
+        profile: str,
+        labels: str | Sequence[str],
+        return_details: bool,
+    ) -> RetrieveResponse:
+        t0 = time.perf_counter()
+        spec = label_spec(labels)
+        check_query(query, self.settings)
+        label_strings = self.check_labels(len(images), spec, "images")
+        n = len(images)
+        pil, stored = await run_in_threadpool(self._prepare, images, method, profile, spec)
+        if method in NEEDS_CALIBRATION and stored is None:
+            method = "vanilla"  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
+        timings = {"decode": _ms(t0)}
+
+        results = await self._forward(query, pil, spec, passes(method, n), timings)
+        t1 = time.perf_counter()
+        s, a = results[0].scores, results[0].attention
+        out = apply_method(
+            method, s, a, calibration_of(stored) if stored else None, self.method_config,
+            rotated_scores=[r.scores for r in results],
+        )  # fmt: skip
+        index = int(np.argmax(out.probabilities))
+        timings["debias"] = _ms(t1)
+
+        t2 = time.perf_counter()
+        debiased = method != "vanilla"
+        self._count_positions(method, int(np.argmax(s)), index if debiased else None)
+        details = None
+        if return_details:
+            details = RetrieveDetails(
+                labels=label_strings, scores=s.tolist(),
+                debiased_scores=None if out.debiased_scores is None
+                else out.debiased_scores.tolist(),
+                attention=a.tolist(), layers=list(self.runner.layers),
+                batch_size=results[0].batch_size,
+            )  # fmt: skip
+        response = RetrieveResponse(
+            index=index, label=label_strings[index], probabilities=out.probabilities.tolist(),
+            raw_probabilities=debias.softmax(s).tolist(),
+            posterior=None if out.posterior is None else out.posterior.tolist(),
+            method=method, debiased=debiased,
+            profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
+            model=self.model_id, timings_ms=timings, details=details,
+        )  # fmt: skip
+        timings["encode"] = response.timings_ms["encode"] = _ms(t2)
+        self._observe(timings, results)
+        return response
+
+    async def _forward(
+        self,
+        query: str,
+        pil: list[Image.Image],
+        spec: LabelSpec,
+        rotations: int,
+        timings: dict[str, float],
+    ) -> list[WorkResult]:
+        """The queue, forward and score stages: the first ``rotations`` cyclic orders of the
+        images (1 = as given), one instance each; their stage times go into ``timings``."""
+        submitted = time.perf_counter()
+        orders = debias.rotations(len(pil))[:rotations]
+        works = [Work(RetrievalItem(query, [pil[p] for p in o]), spec) for o in orders]
+        results = await self.worker.run(works, bulk=False)
+        batches = {r.batch_id: r for r in results}.values()
+        timings["queue"] = max(0.0, (min(r.started for r in results) - submitted) * 1e3)
+        timings["forward"] = sum(r.forward_ms for r in batches)
+        timings["score"] = sum(r.score_ms for r in batches)
+        return results
+
+    def _count_positions(self, method: str, raw: int, debiased: int | None) -> None:
+        self.metrics.predicted_position.labels(method=method, position=str(raw), kind="raw").inc()
+        if debiased is not None:
+            self.metrics.predicted_position.labels(
+                method=method, position=str(debiased), kind="debiased"
+            ).inc()
+
+    def _observe(self, timings: dict[str, float], results: list[WorkResult]) -> None:
+        """Stage latencies, and the overhead ratio on this request's share of its batches."""
+        self.metrics.observe_stages(timings)
+        forward = sum(r.forward_ms / r.batch_size for r in results)
+        score = sum(r.score_ms / r.batch_size for r in results)
+        if forward > 0:
+            self.metrics.debias_overhead.observe((score + timings["debias"]) / forward)
+
+    # -------------------------------------------------------------------- calibrate
+    async def calibrate(self, request: CalibrateRequest) -> CalibrateResponse:
+        t0 = time.perf_counter()
+        try:
+            response = await self._calibrate(request, t0)
+        except errors.ServiceError as exc:
+            client_error = errors.status_of(exc) < 500 and not isinstance(exc, errors.Overloaded)
+            self.metrics.calibrations.labels(outcome="invalid" if client_error else "error").inc()
+            raise
+        except Exception:
+            self.metrics.calibrations.labels(outcome="error").inc()
+            raise
+        self.metrics.calibrations.labels(outcome="success").inc()
+        self.metrics.calibration_duration.observe(response.duration_s)
+        return response
+
+    def _check_examples(self, request: CalibrateRequest, labels: LabelSpec) -> int:
+        """The examples' common N, after the same checks as retrieval; 422 otherwise."""
+        sizes = {len(ex.images) for ex in request.examples}
+        if len(sizes) != 1:
+            raise errors.InvalidCalibration(
+                f"all examples must have the same number of images N; got N in {sorted(sizes)}"
+            )
+        n = sizes.pop()
+        self.check_labels(n, labels, "examples[*].images")
+        for m, ex in enumerate(request.examples):
+            check_query(ex.query, self.settings, where=f"examples[{m}].query")
+            if ex.answer >= n:
+                raise errors.InvalidCalibration(
+                    f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < N={n}"
+                )
+        return n
+
+    async def _calibrate(self, request: CalibrateRequest, t0: float) -> CalibrateResponse:
+        spec = label_spec(request.labels)
+        n = self._check_examples(request, spec)
+        fingerprint = self.profiles.fingerprint(spec, n)
+        decoded = await run_in_threadpool(
+            lambda: [
+                self.decode_images(ex.images, f"examples[{m}].images")
+                for m, ex in enumerate(request.examples)
+            ]
+        )
+        instances, gt = calibration_instances(
+            [(ex.query, pil, ex.answer) for ex, pil in zip(request.examples, decoded, strict=True)]
+        )
+        works = [Work(RetrievalItem(query, images), spec) for query, images in instances]
+        results = await self.worker.run(works, bulk=True)
+        calibration = estimate_calibration(
+            np.stack([r.scores for r in results]), np.stack([r.attention for r in results]), gt
+        )
+        hyper = {**self.settings.method_hyperparameters(), "num_examples": len(request.examples)}
+        profile = Profile.create(
+            name=request.profile, fingerprint=fingerprint, layers=list(self.runner.layers),
+            bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
+            num_examples=len(request.examples), num_forward_passes=len(works),
+            hyperparameters=hyper,
+        )  # fmt: skip
+        stored = await self.profiles.put(profile)
+        return CalibrateResponse(
+            profile=stored.name, version=stored.version, model=self.model_id,
+            labels=stored.label_scheme, n=n, num_examples=len(request.examples),
+            forward_passes=len(works), bias_matrix=stored.bias_matrix,
+            attention_prior=stored.attention_prior, layers=stored.layers,
+            hyperparameters=stored.hyperparameters, created_at=stored.created_at,
+            duration_s=round(time.perf_counter() - t0, 4),
+        )  # fmt: skip

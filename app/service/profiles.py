@@ -1,0 +1,191 @@
+"""Profile operations of the running model: lookup with the engine check, list, detail,
+delete, rollback and put, every store call off the event loop.
+
+Routes get wire schemas back; store errors become the service's errors here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+from app import errors
+from app.engine.calibrate import Calibration
+from app.engine.interface import RunnerLike
+from app.engine.labels import LabelSpec, parse_labels, stored_scheme
+from app.metrics import Metrics
+from app.schemas import (
+    ProfileDeleted,
+    ProfileEntry,
+    ProfileList,
+    ProfileRolledBack,
+    ProfileSummary,
+    ProfileVersion,
+)
+from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, StoreError
+from calibration_store import StoreUnavailable as StoreDown
+
+V = TypeVar("V")
+
+
+def calibration_of(profile: Profile) -> Calibration:
+    """The engine's view of a stored profile: B and P as arrays."""
+    return Calibration(profile.bias_matrix_array(), profile.attention_prior_array())
+
+
+class ProfileService:
+    """The profiles of one model in one store, checked against one runner."""
+
+    def __init__(self, runner: RunnerLike, store: ProfileStore, metrics: Metrics) -> None:
+        self.runner = runner
+        self.store = store
+        self.metrics = metrics
+        self._fingerprints: dict[tuple[LabelSpec, int], Fingerprint] = {}
+        metrics.watch_profiles(self._metric_rows)
+
+    @property
+    def model_id(self) -> str:
+        return str(self.runner.model_id)
+
+    # ------------------------------------------------------------------ keys and checks
+    def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
+        """The engine fingerprint for (labels, N), cached (it hashes the chat template)."""
+        key = (labels, n)
+        if key not in self._fingerprints:
+            self._fingerprints[key] = self.runner.fingerprint(labels, n)
+        return self._fingerprints[key]
+
+    def key(self, name: str, scheme: str, n: int) -> ProfileKey:
+        return ProfileKey(model_id=self.model_id, name=name, label_scheme=scheme, n=n)
+
+    def mismatches(self, profile: Profile) -> dict[str, tuple[Any, Any]]:
+        """How the profile's engine differs from the running one (labels do not count)."""
+        engine = self.fingerprint("digits", profile.n).model_copy(
+            update={"label_scheme": profile.label_scheme}
+        )
+        diff = profile.fingerprint.mismatches(engine)
+        if list(profile.layers) != list(self.runner.layers):
+            diff["layers"] = (list(profile.layers), list(self.runner.layers))
+        return diff
+
+    def compatible(self, profile: Profile) -> bool:
+        """Whether the running engine would serve this profile."""
+        return not self.mismatches(profile)
+
+    def current(self, name: str, labels: LabelSpec, n: int) -> Profile | None:
+        """The profile serving (name, labels, N), None if uncalibrated; raises ProfileMismatch
+        when it was calibrated under another engine. Reads the in-memory copy: call it off
+        the event loop like every store call."""
+        scheme = self.fingerprint(labels, n).label_scheme
+        profile = self.store.get(self.key(name, scheme, n))
+        if profile is None:
+            return None
+        diff = self.mismatches(profile)
+        if diff:
+            what = ", ".join(f"{k}: profile {a!r} vs engine {b!r}" for k, (a, b) in diff.items())
+            raise errors.ProfileMismatch(
+                f"profile {name!r} v{profile.version} (labels {scheme}, N={n}) was calibrated "
+                f"under a different engine ({what}); recalibrate with POST /v1/calibrate"
+            )
+        return profile
+
+    # ------------------------------------------------------------------ store calls
+    async def call(self, operation: str, fn: Callable[..., V], *args: Any) -> V:
+        """A store call off the event loop; failures counted by operation and translated."""
+        try:
+            return await run_in_threadpool(fn, *args)
+        except StoreError as exc:
+            if isinstance(exc, StoreDown):
+                self.metrics.store_errors.labels(operation=operation).inc()
+            raise errors.translate(exc) or errors.StoreUnavailable(str(exc)) from exc
+
+    async def put(self, profile: Profile) -> Profile:
+        return await self.call("put", self.store.put, profile)
+
+    def _current_profiles(self) -> dict[ProfileKey, Profile]:
+        found = {}
+        for key in self.store.list_keys(self.model_id):
+            profile = self.store.get(key)
+            if profile is not None:
+                found[key] = profile
+        return found
+
+    def _metric_rows(self) -> Iterator[tuple[str, str, int, int, float]]:
+        for key, profile in self._current_profiles().items():
+            ts = profile.created_at.timestamp() if profile.created_at else 0.0
+            yield key.name, key.label_scheme, key.n, profile.version, ts
+
+    def _entry(self, current: Profile, kept: list[Profile] | None) -> ProfileEntry:
+        versions = [
+            ProfileVersion(version=p.version, created_at=p.created_at,
+                           num_examples=p.num_examples, current=p.version == current.version)
+            for p in kept or []
+        ]  # fmt: skip
+        return ProfileEntry(
+            labels=current.label_scheme, n=current.n, current_version=current.version,
+            created_at=current.created_at, num_examples=current.num_examples,
+            compatible=self.compatible(current), versions=versions,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ operations
+    async def list(self) -> ProfileList:
+        """Every current profile of the running model, grouped by name."""
+        current = await self.call("list", self._current_profiles)
+        by_name: dict[str, list[ProfileEntry]] = {}
+        for key, profile in current.items():
+            by_name.setdefault(key.name, []).append(self._entry(profile, None))
+        summaries = [
+            ProfileSummary(name=name, model=self.model_id, entries=entries)
+            for name, entries in sorted(by_name.items())
+        ]
+        return ProfileList(model=self.model_id, profiles=summaries)
+
+    def _detail_rows(self, name: str) -> list[tuple[Profile, list[Profile]]]:
+        rows = []
+        for key, current in self._current_profiles().items():
+            if key.name == name:
+                kept = [self.store.get_version(key, v) for v in self.store.versions(key)]
+                rows.append((current, [p for p in kept if p is not None]))
+        return rows
+
+    async def detail(self, name: str) -> ProfileSummary:
+        """Every (labels, N) of one profile name with its kept versions."""
+        rows = await self.call("versions", self._detail_rows, name)
+        if not rows:
+            raise errors.ProfileNotFound(f"no profile named {name!r} for model {self.model_id!r}")
+        entries = [self._entry(current, kept) for current, kept in rows]
+        return ProfileSummary(name=name, model=self.model_id, entries=entries)
+
+    def stored_key(self, name: str, labels: str, n: int) -> ProfileKey:
+        """The store key of a (name, labels text, N) given on a profile route."""
+        try:
+            scheme = stored_scheme(parse_labels(labels))
+        except ValueError as exc:
+            raise errors.InvalidLabels(str(exc)) from None
+        return self.key(name, scheme, n)
+
+    async def delete(self, name: str, labels: str, n: int) -> ProfileDeleted:
+        key = self.stored_key(name, labels, n)
+        if not await self.call("delete", self.store.delete, key):
+            raise _not_found(key)
+        return ProfileDeleted(name=name, labels=key.label_scheme, n=n, deleted=True)
+
+    async def rollback(
+        self, name: str, labels: str, n: int, version: int | None
+    ) -> ProfileRolledBack:
+        """Make the newest kept version before the current one (or ``version``) current."""
+        key = self.stored_key(name, labels, n)
+        before = await self.call("get", self.store.get, key)
+        if before is None:
+            raise _not_found(key)
+        after = await self.call("rollback", self.store.rollback, key, version)
+        return ProfileRolledBack(name=name, labels=key.label_scheme, n=n, version=after.version,
+                                 previous_version=before.version)  # fmt: skip
+
+
+def _not_found(key: ProfileKey) -> errors.ProfileNotFound:
+    return errors.ProfileNotFound(
+        f"no profile {key.name!r} with labels {key.label_scheme} and N={key.n}"
+    )

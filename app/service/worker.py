@@ -1,0 +1,122 @@
+"""The model worker: one queue, one thread, dynamic batches through the runner.
+
+Everything that reaches the model goes through ``ModelWorker.run``: retrieval instances
+and calibration instances alike, so calibration shares the model fairly with traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app import errors
+from app.engine.batcher import Batcher, BatcherStopped, QueueFull
+from app.engine.interface import RetrievalItem, RunnerLike
+from app.engine.labels import LabelSpec
+from app.metrics import Metrics
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One forward-pass instance in the queue: the engine item and its label spec."""
+
+    item: RetrievalItem
+    labels: LabelSpec
+
+
+@dataclass
+class WorkResult:
+    """The evidence of one instance, with the timings of the batch it ran in."""
+
+    scores: np.ndarray  # s (N,)
+    attention: np.ndarray  # a (|Λ|, N)
+    forward_ms: float  # batch totals
+    score_ms: float
+    batch_size: int
+    batch_id: int
+    started: float  # perf_counter when the batch started
+
+
+class ModelWorker:
+    """The batcher around the runner; ``run`` submits instances and awaits their evidence."""
+
+    def __init__(self, runner: RunnerLike, settings: Settings, metrics: Metrics) -> None:
+        self.runner = runner
+        self.metrics = metrics
+        self.batcher: Batcher[Work, WorkResult] = Batcher(
+            self.forward_batch,
+            max_batch_size=settings.max_batch_size,
+            max_wait_ms=settings.max_wait_ms,
+            max_queue=settings.max_queue,
+            name="lad-model-worker",
+        )
+        self._batch_ids = itertools.count(1)
+        metrics.watch_queue(lambda: self.batcher.depth)
+
+    @property
+    def running(self) -> bool:
+        return self.batcher.running
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    def stop(self) -> None:
+        self.batcher.stop()
+
+    def forward_batch(self, batch: list[Work]) -> list[WorkResult]:
+        """Runs on the worker thread: one runner.forward per label spec in the batch."""
+        self.metrics.batch_size.observe(len(batch))
+        started = time.perf_counter()
+        batch_id = next(self._batch_ids)
+        results: list[WorkResult | None] = [None] * len(batch)
+        groups: dict[LabelSpec, list[int]] = {}
+        for i, work in enumerate(batch):
+            groups.setdefault(work.labels, []).append(i)
+        for labels, idx in groups.items():
+            out = self.runner.forward([batch[i].item for i in idx], labels=labels)
+            for j, i in enumerate(idx):
+                results[i] = WorkResult(
+                    scores=np.asarray(out.scores[j], dtype=np.float64),
+                    attention=np.asarray(out.attention[j], dtype=np.float64),
+                    forward_ms=float(out.timings_ms.get("forward", 0.0)),
+                    score_ms=float(out.timings_ms.get("score", 0.0)),
+                    batch_size=len(batch), batch_id=batch_id, started=started,
+                )  # fmt: skip
+        return [r for r in results if r is not None]
+
+    async def run(self, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:
+        """Queue works and wait for all of them (429 only if the first finds the queue full).
+
+        Bulk work (calibration) goes in waves of one batch, so that it leaves room for
+        retrieval traffic. A failure inside the model becomes ``EngineFailure``.
+        """
+        submit = self.batcher.submit
+        try:
+            if not bulk:
+                return list(
+                    await asyncio.gather(
+                        *(submit(w, wait_for_room=i > 0) for i, w in enumerate(works))
+                    )
+                )
+            out: list[WorkResult] = []
+            wave = self.batcher.max_batch_size
+            for start in range(0, len(works), wave):
+                chunk = works[start : start + wave]
+                out += await asyncio.gather(*(submit(w, wait_for_room=True) for w in chunk))
+            return out
+        except (QueueFull, BatcherStopped, errors.ServiceError):
+            raise
+        except Exception as exc:
+            log.exception("the model failed on a request")
+            raise errors.EngineFailure(
+                f"the model failed on this request ({type(exc).__name__}: {exc})"
+            ) from exc

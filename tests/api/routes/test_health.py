@@ -1,0 +1,134 @@
+"""Health, readiness, OpenAPI and the Prometheus metrics of one app."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.helpers import metric_value, retrieve_body
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["ready"] is True
+    assert body["model"]["model_id"] == "tiny-qwen2_5_vl" and body["model"]["worker_running"]
+    assert body["store"]["backend"] == "memory" and body["store"]["ok"] is True
+    assert body["queue"]["depth"] == 0
+
+
+def test_not_ready_outside_the_lifespan(runner):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    app = create_app(Settings(_env_file=None, store_url="memory://"), runner=runner)
+    client = TestClient(app)  # no `with`: the lifespan (model, worker) never started
+    r = client.get("/readyz")
+    assert r.status_code == 503 and r.json()["ready"] is False
+    r = client.post("/v1/retrieve", json={"query": "x", "images": ["a", "b"]})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+    assert client.get("/healthz").status_code == 200
+
+
+def test_openapi_documents_both_encodings(client):
+    spec = client.get("/openapi.json").json()
+    content = spec["paths"]["/v1/retrieve"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data"} <= set(content)
+    assert {"/v1/calibrate", "/v1/profiles", "/v1/profiles/{name}",
+            "/v1/profiles/{name}/rollback", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+    assert client.get("/docs").status_code == 200
+
+
+def test_metrics_count_requests_stages_and_calibrations(client, items, calibrate_json):
+    client.post("/v1/retrieve", json=retrieve_body(items[0]))  # 409
+    client.post("/v1/calibrate", json=calibrate_json)
+    for i in range(3):
+        client.post("/v1/retrieve", json=retrieve_body(items[i]))
+    client.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"))
+    client.get("/v1/profiles/default")
+    text = client.get("/metrics").text
+
+    def value(name: str, **labels: str) -> float | None:
+        return metric_value(text, name, **labels)
+
+    assert value("lad_requests_total", route="/v1/retrieve", method="POST", status="200") == 4
+    assert value("lad_requests_total", route="/v1/retrieve", method="POST", status="409") == 1
+    assert value("lad_requests_total", route="/v1/calibrate", method="POST", status="200") == 1
+    assert value("lad_requests_total", route="/v1/profiles/{name}", method="GET",
+                 status="200") == 1
+    assert value("lad_request_duration_seconds_count", route="/v1/retrieve", method="POST") == 5
+    for stage in ("decode", "queue", "forward", "score", "debias", "encode"):
+        assert value("lad_stage_duration_seconds_count", stage=stage) == 4, stage
+    assert value("lad_debias_overhead_ratio_count") == 4
+    # calibration: 15 rotated instances in waves of max_batch_size=8; then 4 single requests
+    assert value("lad_batch_size_count") == 2 + 4
+    assert value("lad_batch_size_sum") == 15 + 4
+    assert value("lad_queue_depth") == 0
+    assert value("lad_calibrations_total", outcome="success") == 1
+    assert value("lad_calibrations_total", outcome="invalid") == 0
+    assert value("lad_calibration_duration_seconds_count") == 1
+    assert value("lad_profile_version", profile="default", labels="digits", n="3") == 1
+    created = value("lad_profile_created_timestamp_seconds", profile="default", labels="digits",
+                    n="3")
+    assert created is not None and created > 1.7e9
+    raw = sum(value("lad_predicted_position_total", method="agd", position=str(p), kind="raw")
+              or 0 for p in range(3))
+    debiased = sum(value("lad_predicted_position_total", method="agd", position=str(p),
+                         kind="debiased") or 0 for p in range(3))
+    assert raw == debiased == 3
+    assert sum(value("lad_predicted_position_total", method="vanilla", position=str(p),
+                     kind="raw") or 0 for p in range(3)) == 1
+    assert value("lad_predicted_position_total", method="vanilla", position="0",
+                 kind="debiased") is None
+    assert value("lad_model_info", model_id="tiny-qwen2_5_vl", dtype="float32",
+                 device="cpu") == 1
+    assert value("lad_requests_total", route="unmatched", method="GET", status="404") is None
+
+
+def test_invalid_calibration_is_counted(client, calibrate_json):
+    bad = {**calibrate_json, "examples": [{**calibrate_json["examples"][0], "answer": 7}]}
+    assert client.post("/v1/calibrate", json=bad).status_code == 422
+    text = client.get("/metrics").text
+    assert metric_value(text, "lad_calibrations_total", outcome="invalid") == 1
+    assert metric_value(text, "lad_calibrations_total", outcome="success") == 0
+
+
+def test_unmatched_routes_do_not_explode_label_cardinality(client):
+    for i in range(3):
+        client.get(f"/random/{i}")
+    text = client.get("/metrics").text
+    assert metric_value(text, "lad_requests_total", route="unmatched", method="GET",
+                        status="404") == 3
+
+
+def test_two_apps_in_one_process_keep_separate_metrics(make_client, items):
+    a, b = make_client(), make_client()
+    a.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"))
+    ta, tb = a.get("/metrics").text, b.get("/metrics").text
+    labels = {"route": "/v1/retrieve", "method": "POST", "status": "200"}
+    assert metric_value(ta, "lad_requests_total", **labels) == 1
+    assert metric_value(tb, "lad_requests_total", **labels) is None
+
+
+@pytest.mark.parametrize("operation", ["put"])
+def test_store_errors_answer_503_and_are_counted(make_client, calibrate_json, tmp_path,
+                                                 operation):
+    """A file store whose directory vanished (replaced by a file) cannot write: 503 + metric."""
+    import shutil
+
+    from calibration_store import open_store
+
+    root = tmp_path / "profiles"
+    store = open_store(str(root))
+    client = make_client(store=store, store_url=str(root))
+    shutil.rmtree(root)
+    root.write_text("not a directory")
+    r = client.post("/v1/calibrate", json=calibrate_json)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "store_unavailable"
+    text = client.get("/metrics").text
+    assert metric_value(text, "lad_store_errors_total", operation=operation) == 1
+    assert metric_value(text, "lad_calibrations_total", outcome="error") == 1

@@ -1,0 +1,80 @@
+"""The service on a real Redis store (LAD_TEST_REDIS_URL, default redis://127.0.0.1:6379/15).
+
+Each test uses its own key prefix, removed afterwards. The apps open and close the Redis
+store themselves from their settings, as in production.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.api.helpers import retrieve_body
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.redis
+
+
+def _replica(make_client, prefix: str, **overrides):
+    return make_client(store_url=REDIS_URL, store_key_prefix=prefix, **overrides)
+
+
+def _wait_for(predicate, timeout: float = 2.0) -> float:
+    """Seconds until predicate() holds; fails after `timeout`."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout} s")
+        time.sleep(0.02)
+
+
+def test_calibrate_and_serve_on_redis(make_client, redis_prefix, items, calibrate_json):
+    client = _replica(make_client, redis_prefix)
+    assert client.get("/readyz").json()["store"]["backend"] == "redis"
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 409
+    cal = client.post("/v1/calibrate", json=calibrate_json)
+    assert cal.status_code == 200 and cal.json()["version"] == 1
+    body = client.post("/v1/retrieve", json=retrieve_body(items[0])).json()
+    assert body["profile"] == {"name": "default", "version": 1}
+    detail = client.get("/v1/profiles/default").json()
+    assert detail["entries"][0]["versions"][0]["version"] == 1
+
+
+def test_restart_keeps_profiles(make_client, redis_prefix, items, calibrate_json):
+    first = _replica(make_client, redis_prefix)
+    first.post("/v1/calibrate", json=calibrate_json)
+    first.__exit__(None, None, None)  # shut the first replica down (closes its store)
+    second = _replica(make_client, redis_prefix)
+    r = second.post("/v1/retrieve", json=retrieve_body(items[0]))
+    assert r.status_code == 200 and r.json()["profile"]["version"] == 1
+
+
+def test_two_replicas_share_calibrations_within_2_s(make_client, redis_prefix, items,
+                                                    calibrate_json):
+    a = _replica(make_client, redis_prefix)
+    b = _replica(make_client, redis_prefix)
+    body = retrieve_body(items[1])
+    assert b.post("/v1/retrieve", json=body).status_code == 409
+
+    assert a.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
+    _wait_for(lambda: b.post("/v1/retrieve", json=body).status_code == 200)
+    answer_a = a.post("/v1/retrieve", json=body).json()
+    answer_b = b.post("/v1/retrieve", json=body).json()
+    assert answer_b["profile"] == {"name": "default", "version": 1}
+    assert answer_b["probabilities"] == pytest.approx(answer_a["probabilities"], abs=1e-9)
+
+    # a second calibration on B, then a rollback on A: both replicas follow
+    fewer = {**calibrate_json, "examples": calibrate_json["examples"][:2]}
+    assert b.post("/v1/calibrate", json=fewer).json()["version"] == 2
+    _wait_for(lambda: a.post("/v1/retrieve", json=body).json()["profile"]["version"] == 2)
+    assert a.post("/v1/profiles/default/rollback", params={"n": 3}).json()["version"] == 1
+    _wait_for(lambda: b.post("/v1/retrieve", json=body).json()["profile"]["version"] == 1)
+    metrics = b.get("/metrics").text
+    assert 'lad_profile_version{labels="digits",n="3",profile="default"} 1.0' in metrics
+
+    # deletion propagates too
+    assert a.delete("/v1/profiles/default", params={"n": 3}).status_code == 200
+    _wait_for(lambda: b.post("/v1/retrieve", json=body).status_code == 409)

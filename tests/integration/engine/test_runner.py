@@ -1,0 +1,287 @@
+"""Runner: one prompt forward per batch, restricted label scores, batching, fingerprint, loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import BertConfig
+
+from app.engine.adapter import PromptBatch
+from app.engine.interface import ForwardResult, RetrievalItem
+from app.engine.labels import resolve_labels
+from app.engine.prompts import prompt_hash
+from app.engine.runner import Runner, chain_path
+from app.engine.trie import LabelTrie, label_token_sequences
+from app.models.loader import load_runner, make_runner, resolve_dtype
+from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
+from app.testing.tiny_models import FAMILIES, build_tiny, random_images, tiny_runner
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Runner:
+    return tiny_runner("qwen2_5_vl")
+
+
+def _items() -> list[RetrievalItem]:
+    images = random_images(12, seed=7, sizes=[(48, 48), (70, 40), (40, 64)])
+    return [
+        RetrievalItem("a small red boat", images[:4]),
+        RetrievalItem("two birds on a wire", images[4:7]),
+        RetrievalItem("snow", images[:12]),
+    ]
+
+
+def _brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) -> np.ndarray:
+    """Teacher-force prompt + label + end token in one full forward (no cache, no trie).
+
+    At each prefix of c_j the restricted set is every next token of the labels that
+    share the prefix, plus the end token when some label ends exactly there.
+    """
+    seqs = [tuple(s) for s in label_token_sequences(runner.processor, labels)]
+    eos = runner.adapter.end_token_id()
+    batch = runner.process([item], labels)
+    kwargs = dict(batch.inputs)
+    scores = np.zeros(len(labels))
+    for j, seq in enumerate(seqs):
+        continuation = [*seq, eos]
+        extra = torch.tensor([continuation])
+        full = dict(kwargs)
+        for key, value in kwargs.items():  # token-level tensors: label tokens are text
+            if isinstance(value, torch.Tensor) and value.shape == batch.input_ids.shape:
+                full[key] = torch.cat([value, torch.zeros_like(extra)], dim=1)
+        full["input_ids"] = torch.cat([kwargs["input_ids"], extra], dim=1)
+        full["attention_mask"] = torch.ones_like(full["input_ids"])
+        with torch.inference_mode():
+            logits = runner.model(**full).logits[0].double()
+        start = kwargs["input_ids"].shape[1] - 1
+        for d, token in enumerate(continuation):
+            prefix = seq[:d]
+            choices = {s[d] for s in seqs if s[:d] == prefix and len(s) > d}
+            if prefix in seqs and choices:
+                choices.add(eos)
+            if d == len(seq) and not choices:
+                break  # a leaf: nothing to normalise
+            if len(choices) < 2:
+                continue
+            ids = sorted(choices)
+            logp = torch.log_softmax(logits[start + d, ids], dim=-1)
+            scores[j] += float(logp[ids.index(token)])
+    return scores
+
+
+def test_scores_are_restricted_log_probs(runner: Runner) -> None:
+    result = runner.forward(_items())
+    assert isinstance(result, ForwardResult)
+    assert set(result.timings_ms) == {"forward", "score"}
+    assert all(v >= 0 for v in result.timings_ms.values())
+    for item, s, a in zip(_items(), result.scores, result.attention, strict=True):
+        n = len(item.images)
+        assert s.shape == (n,) and a.shape == (len(runner.layers), n)
+        assert abs(float(np.exp(s).sum()) - 1.0) < 1e-9
+        assert np.all(a > 0)
+
+
+def test_batch_equals_single_items(runner: Runner) -> None:
+    items = _items()
+    batched = runner.forward(items)
+    for k, item in enumerate(items):
+        single = runner.forward([item])
+        np.testing.assert_allclose(single.scores[0], batched.scores[k], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(single.attention[0], batched.attention[k], atol=1e-4, rtol=0)
+
+
+def test_exactly_one_prompt_forward_and_no_generate(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict] = []
+
+    def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
+        calls.append(
+            {"pixels": kwargs.get("pixel_values") is not None, "cache": kwargs.get("use_cache")}
+        )
+
+    def no_generate(*_a: object, **_k: object) -> None:
+        raise AssertionError("generate() must not be called on the scoring path")
+
+    monkeypatch.setattr(runner.model, "generate", no_generate)
+    handle = runner.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        runner.forward(_items()[:2])  # N = 4 and 3: single-token labels, no cached steps
+        assert calls == [{"pixels": True, "cache": False}]
+        calls.clear()
+        # N = 12 in the batch: "1" vs "10".."12" (depth 1) folds into the same forward
+        runner.forward(_items())
+        assert calls == [{"pixels": True, "cache": False}]
+        calls.clear()
+        runner.forward(_items()[2:], labels="words")  # branches off one chain: cached steps
+        assert [c["pixels"] for c in calls][:2] == [True, False]
+        assert calls[0]["cache"] is True and len(calls) > 1
+    finally:
+        handle.remove()
+
+
+def test_chain_path_decides_the_fold(runner: Runner) -> None:
+    def trie(spec: str, n: int) -> LabelTrie:
+        return runner.label_trie(resolve_labels(spec, n))
+
+    one = trie("digits", 12).token_sequences[0]
+    assert chain_path(trie("digits", 12)) == one  # root -> "1" -> {"0", "1", "2", EOS}
+    assert chain_path(trie("digits", 9)) == ()
+    assert chain_path(trie("words", 12)) is None  # "t" and "s" both branch at depth 1
+    assert chain_path(trie("digits", 120)) is None
+    deep = LabelTrie.build([(1,), (1, 2), (1, 3), (1, 2, 4), (1, 2, 5), (6,)], eos_id=9)
+    assert chain_path(deep) == (1, 2)
+    fork = LabelTrie.build([(1, 2, 4), (1, 2, 5), (1, 3, 4), (1, 3, 5)], eos_id=9)
+    assert chain_path(fork) is None
+
+
+def _mixed_batch(
+    runner: Runner,
+) -> tuple[list[RetrievalItem], list[str], list[LabelTrie], PromptBatch]:
+    """Rows: N=12 digits, N=3 digits, N=12 number words (each row its own scheme)."""
+    items = [_items()[2], _items()[1], RetrievalItem("a quiet harbour", _items()[2].images)]
+    specs = ["digits", "digits", "words"]
+    prompts = [runner.prompts([it], spec)[0] for it, spec in zip(items, specs, strict=True)]
+    batch = runner.adapter.process(prompts, [list(it.images) for it in items])
+    tries = [
+        runner.label_trie(resolve_labels(spec, len(it.images)))
+        for it, spec in zip(items, specs, strict=True)
+    ]
+    return items, specs, tries, batch.to(runner.device, runner.dtype)
+
+
+def test_mixed_batch_falls_back_to_cached_steps(runner: Runner) -> None:
+    items, specs, tries, batch = _mixed_batch(runner)
+    assert [chain_path(t) is None for t in tries] == [False, False, True]
+    caches: list[object] = []
+    handle = runner.model.register_forward_pre_hook(
+        lambda _m, _a, kw: caches.append(kw.get("use_cache")), with_kwargs=True
+    )
+    try:
+        result = runner._forward_processed(batch, tries)
+    finally:
+        handle.remove()
+    assert caches[0] is True and len(caches) > 1  # prompt forward, then cached steps
+    for item, spec, scores in zip(items, specs, result.scores, strict=True):
+        labels = resolve_labels(spec, len(item.images))
+        expected = _brute_force_scores(runner, item, labels)
+        np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
+    # the two digit rows alone fold, and agree with the fallback batch
+    folded = runner._forward_processed(runner.process(items[:2]), tries[:2])
+    for k in range(2):
+        np.testing.assert_allclose(folded.scores[k], result.scores[k], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(folded.attention[k], result.attention[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_folded_equals_cached_steps(family: str) -> None:
+    runner = tiny_runner(family, seed=3, layers=(0, 1, 2, 3))
+    items = _items()  # N = 4, 3, 12: rows need 0, 0 and 1 chain tokens
+    calls: list[object] = []
+    handle = runner.model.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(kw.get("use_cache")), with_kwargs=True
+    )
+    try:
+        folded = runner.forward(items)
+        assert calls == [False]  # prompt + "1" in one forward
+        runner._fold_chains = False
+        cached = runner.forward(items)
+        assert calls[1] is True and len(calls) == 3  # prompt forward + one cached step
+    finally:
+        handle.remove()
+    for x, y in zip(
+        folded.scores + folded.attention, cached.scores + cached.attention, strict=True
+    ):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trie_equals_brute_force_for_twelve_digits(family: str) -> None:
+    runner = tiny_runner(family, seed=1)
+    items = _items()
+    result = runner.forward(items)  # batched, left-padded, N = 4, 3, 12
+    for item, scores in zip(items, result.scores, strict=True):
+        labels = resolve_labels("digits", len(item.images))
+        expected = _brute_force_scores(runner, item, labels)
+        np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
+
+
+def test_number_words_use_cached_steps(runner: Runner) -> None:
+    item = _items()[0]
+    result = runner.forward([item], labels="words")
+    expected = _brute_force_scores(runner, item, resolve_labels("words", 4))
+    np.testing.assert_allclose(result.scores[0], expected, atol=1e-5, rtol=0)
+
+
+def test_image_spans_hold_each_image(runner: Runner) -> None:
+    batch = runner.process(_items())
+    tok = runner.adapter.tokenizer
+    start, end, pad = (tok.convert_tokens_to_ids(t) for t in
+                       ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))  # fmt: skip
+    merge = runner.processor.image_processor.merge_size
+    grids = iter(batch.inputs["image_grid_thw"].tolist())
+    for row, n in enumerate(batch.n_images):
+        spans = runner.adapter.image_spans(batch.input_ids[row], n)
+        assert len(spans) == n
+        for s, e in spans:
+            ids = batch.input_ids[row, s:e].tolist()
+            t, h, w = next(grids)
+            assert ids[0] == start and ids[-1] == end
+            assert ids[1:-1] == [pad] * (t * h * w // merge**2)
+
+
+def test_fingerprint_fields(runner: Runner) -> None:
+    fp = runner.fingerprint("digits", 4)
+    assert fp.model_dump() == {
+        "model_id": "tiny-qwen2_5_vl",
+        "model_revision": None,
+        "dtype": "float32",
+        "attention_backend": "lad_capture(sdpa)",
+        "prompt_hash": prompt_hash("vanilla", runner.adapter.chat_template()),
+        "label_scheme": "digits",
+        "n": 4,
+    }
+    assert runner.fingerprint("upper", 4).label_scheme == "upper"
+    assert runner.fingerprint("digits", 5).n == 5
+    other = tiny_runner("qwen2_5_vl", prompt_variant="instruction")
+    assert other.fingerprint("digits", 4).prompt_hash != fp.prompt_hash
+    with pytest.raises(ValidationError):  # frozen
+        fp.n = 3  # type: ignore[misc]
+    assert runner.layers == (2, 3) and runner.num_layers == 4
+    assert runner.device.type == "cpu" and runner.dtype == torch.float32
+
+
+def test_loader_round_trip(tmp_path: Path) -> None:
+    model, processor = build_tiny("qwen2_5_vl", seed=2)
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    in_memory = make_runner(model, processor, layers=(1, 3))
+    loaded = load_runner(str(tmp_path), device="cpu", dtype="auto", layers=(1, 3), threads=1)
+    assert loaded.dtype == torch.float32 and loaded.model_id == str(tmp_path)
+    assert loaded.attention_backend == "lad_capture"
+    items = _items()
+    a, b = in_memory.forward(items), loaded.forward(items)
+    for x, y in zip(a.scores + a.attention, b.scores + b.attention, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+    assert (
+        loaded.fingerprint("digits", 4).prompt_hash
+        == in_memory.fingerprint("digits", 4).prompt_hash
+    )
+
+
+def test_registry_and_dtype_errors() -> None:
+    assert {"qwen2_vl", "qwen2_5_vl"} <= set(supported_model_types())
+    with pytest.raises(UnsupportedModelError, match="qwen2_5_vl"):
+        adapter_for(BertConfig())
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError):
+        resolve_dtype("int3")
+    with pytest.raises(ValueError):
+        tiny_runner("qwen2_5_vl", layers=(9,))

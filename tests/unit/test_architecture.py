@@ -1,0 +1,122 @@
+"""The package's shape: imports point down the layers, never up, and never in a cycle;
+the wire path imports without torch.
+
+Layers, lowest first: the profile schema and stores; the engine (model-agnostic core); the
+model families; the service's building blocks (settings, errors, schemas, decode, metrics,
+client) beside the evaluation, the demo and the test models; the service; the HTTP routes;
+the entry points. Every import, lazy ones inside functions included, is an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS: list[tuple[str, ...]] = [
+    ("calibration_store",),
+    ("app.engine",),
+    ("app.models",),
+    (
+        "app.settings",
+        "app.errors",
+        "app.schemas",
+        "app.decode",
+        "app.metrics",
+        "app.client",
+        "app.demo",
+        "app.eval",
+        "app.testing",
+    ),
+    ("app.service",),
+    ("app.api",),
+    ("app.main", "app.cli", "app.bench"),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    files = [*ROOT.glob("app/**/*.py"), *ROOT.glob("calibration_store/**/*.py")]
+    return {_module_name(f): f for f in files}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules imported anywhere in the file (``from a import b`` names a.b if a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in modules}
+
+
+def _layer(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    if module in ("app", "app.api.routes"):
+        return len(LAYERS)
+    raise AssertionError(f"{module} belongs to no layer; add it to LAYERS")
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path, modules) if m != name}
+    return graph
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in _graph():
+        _layer(module)
+
+
+def test_no_import_points_up_a_layer() -> None:
+    upward = [
+        f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+        for a, targets in _graph().items()
+        for b in targets
+        if _layer(b) > _layer(a) and b != "app"
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
+
+
+def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "import app.client, app.schemas, app.decode, app.errors, app.settings\n"
+        "import app.engine.labels, app.engine.methods, app.engine.calibrate, app.main\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
