@@ -157,7 +157,7 @@ def load_runner(
     if device_map is None:
         loaded = loaded.to(target)
     loaded = loaded.eval()
-    log.info("weights loaded: %.2f B parameters in %.1f s", _billions(loaded),
+    log.info("weights loaded: %.1f M parameters in %.1f s", _millions(loaded),
              time.perf_counter() - started)
     processor = _pretrained(adapter_cls.load_processor, model, source, revision)
     if max_pixels is not None or min_pixels is not None:
@@ -179,8 +179,8 @@ def load_runner(
     return runner
 
 
-def _billions(model: torch.nn.Module) -> float:
-    return sum(p.numel() for p in model.parameters()) / 1e9
+def _millions(model: torch.nn.Module) -> float:
+    return sum(p.numel() for p in model.parameters()) / 1e6
 
 
 def _pretrained(load: Any, model: str, source: str, revision: str | None) -> Any:
