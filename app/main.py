@@ -13,8 +13,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app import __version__
+from app.api.docs import install_docs
 from app.api.main import api_router
 from app.api.request_id import RequestIdMiddleware
+from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestMetricsMiddleware
@@ -75,7 +78,8 @@ def create_app(
                 the_store.close()
 
     app = FastAPI(
-        title="lad-serve", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan
+        title="lad-serve", version=__version__, description=API_DESCRIPTION, lifespan=lifespan,
+        docs_url=None, redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -84,4 +88,7 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)  # outermost: the id exists before anything logs
     app.include_router(api_router)
+    install_docs(app)
+    for verb, path in ROUTE_ERRORS:
+        metrics.expect_errors(path, verb, error_statuses((verb, path)))
     return app

@@ -272,6 +272,11 @@ class Metrics:
         if prompt_tokens is not None:
             self.prompt_tokens.labels(method=method).observe(prompt_tokens)
 
+    def expect_errors(self, route: str, http_method: str, statuses: Iterable[int]) -> None:
+        """Create a route's error counters at 0 (panels of 5xx / 429 shares show 0)."""
+        for status in statuses:
+            self.requests.labels(route=route, http_method=http_method, status=str(status))
+
     def observe_request(
         self, route: str, http_method: str, status: int, seconds: float, method: str,
         error_code: str | None,
