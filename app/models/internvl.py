@@ -49,8 +49,6 @@ class InternVLAdapter(HFAdapter):
                 f"{most} that LAD_MAX_PIXELS allows"
             )
         image_processor.max_patches, image_processor.min_patches = most, max(1, least)
-        if max_pixels is not None and most == 1:
-            image_processor.crop_to_patches = False
-        tiles = most + 1 if image_processor.crop_to_patches and most > 1 else 1
+        tiles = most + 1 if most > 1 else 1  # the processor always crops (InternVLProcessor)
         tokens = tiles * int(getattr(processor, "image_seq_length", 0) or 0)
         return f"at most {tiles} tiles of {tile} pixels per image ({tokens} image tokens)"

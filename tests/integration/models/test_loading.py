@@ -41,20 +41,25 @@ def test_qwen_pixel_budget_bounds_the_image_tokens(qwen_dir):
         load_runner(str(qwen_dir), device="cpu", max_pixels=56 * 56, min_pixels=112 * 112)
 
 
-def test_internvl_pixel_budget_is_a_number_of_tiles(tmp_path):
+def test_internvl_pixel_budget_is_a_number_of_tiles():
     from app.models.internvl import InternVLAdapter
     from app.testing._tiny_internvl import build_processor
 
-    processor = build_processor()
-    processor.image_processor.crop_to_patches = True  # as the released checkpoints
-    tile = 32 * 32
-    line = InternVLAdapter.set_pixel_budget(processor, 4 * tile + 5, None)
+    processor = build_processor()  # 32 x 32 tiles
+    wide = Image.new("RGB", (256, 64))
+
+    def tiles() -> int:
+        out = processor(text=["<IMG_CONTEXT>\nq"], images=[wide], return_tensors="pt")
+        return int(out["pixel_values"].shape[0])
+
+    assert tiles() == 1  # the tiny checkpoint: one tile per image
+    line = InternVLAdapter.set_pixel_budget(processor, 4 * 32 * 32 + 5, None)
     assert processor.image_processor.max_patches == 4 and "5 tiles" in line
-    out = processor.image_processor(images=[Image.new("RGB", (256, 64))], return_tensors="pt")
-    assert int(out["num_patches"][0]) <= 5  # 4 tiles and the thumbnail
-    InternVLAdapter.set_pixel_budget(processor, tile, None)
-    out = processor.image_processor(images=[Image.new("RGB", (256, 64))], return_tensors="pt")
-    assert int(out["num_patches"][0]) == 1  # one tile: the whole image, not cut
+    assert tiles() == 5  # 4 tiles and the thumbnail
+    InternVLAdapter.set_pixel_budget(processor, 32 * 32, None)
+    assert tiles() == 1  # one tile: the whole image, not cut
+    with pytest.raises(ValueError, match="LAD_MIN_PIXELS"):
+        InternVLAdapter.set_pixel_budget(processor, 2 * 32 * 32, 3 * 32 * 32)
 
 
 def test_a_family_without_a_pixel_budget_says_so(tmp_path, caplog):
