@@ -19,7 +19,7 @@ import base64
 import io
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from os import PathLike
@@ -142,10 +142,26 @@ class _Api:
             headers["X-Request-ID"] = request_id
         return headers
 
-    def should_retry(self, attempt: int, response: httpx.Response | None) -> bool:
-        if attempt >= self.retry.retries:
-            return False
-        return response is None or response.status_code in RETRY_STATUSES
+    def attempts(self, call: _Call, request_id: str | None) -> Generator[Any, Any, Any]:
+        """The retry policy, written once for both clients (no I/O here): yields the
+        ``request`` arguments of an attempt and receives its response (or has the
+        connection error thrown in), yields a float to wait that many seconds, and
+        returns the parsed answer or raises."""
+        request = {"method": call.verb, "url": call.path, "json": call.json,
+                   "params": call.params, "headers": self.headers(call, request_id)}
+        for attempt in range(self.retry.retries + 1):
+            last = attempt == self.retry.retries
+            try:
+                response = yield request
+            except httpx.ConnectError:
+                if last:
+                    raise
+                yield self.retry.wait_s(attempt, None)
+                continue
+            if last or response.status_code not in RETRY_STATUSES:
+                return self.result(call, response)
+            yield self.retry.wait_s(attempt, retry_after_s(response))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     @staticmethod
     def result(call: _Call, response: httpx.Response) -> Any:
@@ -225,21 +241,22 @@ class LadClient:
             self._http.close()
 
     def _send(self, call: _Call, request_id: str | None = None) -> Any:
-        for attempt in range(self._api.retry.retries + 1):
-            response = None
+        steps = self._api.attempts(call, request_id)
+        step = next(steps)
+        while True:
             try:
-                response = self._http.request(
-                    call.verb, call.path, json=call.json, params=call.params,
-                    headers=self._api.headers(call, request_id),
-                )  # fmt: skip
-            except httpx.ConnectError:
-                if not self._api.should_retry(attempt, None):
-                    raise
-            if response is not None and not self._api.should_retry(attempt, response):
-                return self._api.result(call, response)
-            retry_after = retry_after_s(response) if response is not None else None
-            time.sleep(self._api.retry.wait_s(attempt, retry_after))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                if isinstance(step, float):
+                    time.sleep(step)
+                    step = steps.send(None)
+                    continue
+                try:
+                    response = self._http.request(**step)
+                except httpx.ConnectError as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(response)
+            except StopIteration as done:
+                return done.value
 
     def retrieve(self, query: str, images: Sequence[ImageLike], *, method: str = "agd",
                  profile: str = "default", labels: str | Sequence[str] = "digits",
@@ -302,21 +319,22 @@ class AsyncLadClient:
             await self._http.aclose()
 
     async def _send(self, call: _Call, request_id: str | None = None) -> Any:
-        for attempt in range(self._api.retry.retries + 1):
-            response = None
+        steps = self._api.attempts(call, request_id)
+        step = next(steps)
+        while True:
             try:
-                response = await self._http.request(
-                    call.verb, call.path, json=call.json, params=call.params,
-                    headers=self._api.headers(call, request_id),
-                )  # fmt: skip
-            except httpx.ConnectError:
-                if not self._api.should_retry(attempt, None):
-                    raise
-            if response is not None and not self._api.should_retry(attempt, response):
-                return self._api.result(call, response)
-            retry_after = retry_after_s(response) if response is not None else None
-            await asyncio.sleep(self._api.retry.wait_s(attempt, retry_after))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                    step = steps.send(None)
+                    continue
+                try:
+                    response = await self._http.request(**step)
+                except httpx.ConnectError as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(response)
+            except StopIteration as done:
+                return done.value
 
     async def retrieve(self, query: str, images: Sequence[ImageLike], *, method: str = "agd",
                        profile: str = "default", labels: str | Sequence[str] = "digits",
