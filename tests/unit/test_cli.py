@@ -67,3 +67,21 @@ def test_serve_help_offers_every_setting_but_the_tokens() -> None:
             assert flag not in done.stdout
         else:
             assert flag in done.stdout and f"LAD_{name.upper()}" in done.stdout, name
+
+
+def test_serve_refuses_invalid_settings_with_a_message(capsys) -> None:
+    from app.serve import EXIT_BAD_SETTINGS, main
+
+    assert main(["--max-batch-size", "0", "--log-format", "xml"]) == EXIT_BAD_SETTINGS
+    out = capsys.readouterr().out
+    assert "invalid settings" in out and "max_batch_size" in out and "log_format" in out
+
+
+def test_flags_override_the_environment(monkeypatch) -> None:
+    from app.serve import settings_from
+
+    monkeypatch.setenv("LAD_MAX_BATCH_SIZE", "4")
+    monkeypatch.setenv("LAD_PORT", "9000")
+    settings = settings_from(["--max-batch-size", "16", "--layers", "2-3"])
+    assert settings.max_batch_size == 16 and settings.port == 9000
+    assert settings.layers == [2, 3]
