@@ -112,6 +112,12 @@ class Profile(_FingerprintFields):
     version: int = Field(default=0, ge=0)
     created_at: datetime | None = None
     notes: str | None = Field(default=None, max_length=4096)
+    calibration_position_share: list[float] | None = Field(
+        default=None,
+        description="share of the M x N calibration passes whose raw argmax (the model's own "
+        "choice) was each position 0..N-1; the reference of the raw position-drift alert. "
+        "Absent in profiles written before it was recorded.",
+    )
 
     @field_validator("schema_version")
     @classmethod
@@ -120,7 +126,8 @@ class Profile(_FingerprintFields):
             raise UnknownSchemaVersion(v)
         return v
 
-    @field_validator("bias_matrix", "attention_prior", mode="before")
+    @field_validator("bias_matrix", "attention_prior", "calibration_position_share",
+                     mode="before")
     @classmethod
     def _arrays_to_lists(cls, v: Any) -> Any:
         return _as_lists(v)
@@ -160,7 +167,17 @@ class Profile(_FingerprintFields):
                 raise ValueError(f"{field} holds a non-finite number")
         if any(x < 0 for row in self.attention_prior for x in row):
             raise ValueError("attention_prior holds a negative attention mass")
+        self._check_position_share()
         return self
+
+    def _check_position_share(self) -> None:
+        share = self.calibration_position_share
+        if share is None:
+            return
+        if len(share) != self.n:
+            raise ValueError(f"calibration_position_share must have N = {self.n} entries")
+        if not all(math.isfinite(x) and x >= 0 for x in share) or abs(sum(share) - 1) > 1e-6:
+            raise ValueError("calibration_position_share must be non-negative and sum to 1")
 
     # ----------------------------------------------------------------- views
     @property
@@ -195,6 +212,7 @@ class Profile(_FingerprintFields):
         num_forward_passes: int,
         hyperparameters: dict[str, Any] | None = None,
         notes: str | None = None,
+        calibration_position_share: Any = None,
     ) -> Profile:
         """Build an unstored profile from a runner fingerprint and the estimates."""
         fp = Fingerprint.of(fingerprint)
@@ -208,6 +226,7 @@ class Profile(_FingerprintFields):
             num_forward_passes=num_forward_passes,
             hyperparameters=hyperparameters or {},
             notes=notes,
+            calibration_position_share=calibration_position_share,
         )
 
     def stored_as(self, version: int, created_at: datetime | None = None) -> Profile:
