@@ -15,6 +15,8 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.api.main import api_router
+from app.api.middleware import BodyGuardMiddleware, RequestIdMiddleware
+from app.api.openapi import install_openapi
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestMetricsMiddleware
@@ -29,7 +31,8 @@ API_DESCRIPTION = """Position-debiased multi-image retrieval with a multimodal L
 `POST /v1/retrieve` answers which of N images matches a text query, corrected for the
 model's position bias with attention-guided debiasing (AGD). A profile for (model,
 profile name, labels, N) must first be calibrated with `POST /v1/calibrate` (5 examples
-with known answers are enough). Every error is `{"error": {"code", "message"}}`."""
+with known answers are enough). Every error is `{"error": {"code", "message", "request_id"}}`;
+every response carries `X-Request-ID` (the one sent, or a generated one)."""
 
 
 def load_runner_from_settings(settings: Settings) -> RunnerLike:
@@ -80,8 +83,12 @@ def create_app(
     app.state.metrics = metrics
     app.state.service = None
     install_error_handlers(app)
+    # outermost last: request id (and the last-resort 500) > metrics > body guard > routes
+    app.add_middleware(BodyGuardMiddleware, settings=settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(api_router)
+    install_openapi(app, settings)
     return app
 
 
@@ -98,10 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problem = settings.exposure_problem()
+    if problem is not None:
+        log.error("%s", problem)
+        return 2
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower())
+    from app.api.server import uvicorn_options
+
+    uvicorn.run(create_app(settings), **uvicorn_options(settings))
     return 0
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from app import errors
+from app.api.bodies import content_type, is_json, read_json
 from app.api.deps import AdminAuth, ServiceDep
+from app.api.openapi import ADMIN, SERVICE, error_responses
 from app.schemas import (
     MAX_CALIBRATION_EXAMPLES,
     RECOMMENDED_CALIBRATION_EXAMPLES,
     CalibrateRequest,
     CalibrateResponse,
-    ErrorResponse,
 )
 
 router = APIRouter(tags=["calibration"])
@@ -21,16 +23,37 @@ store them as a new version of the profile for (model, profile, labels, N).
 
 Send 1..{MAX_CALIBRATION_EXAMPLES} examples ({RECOMMENDED_CALIBRATION_EXAMPLES} recommended), all
 with the same number of images N; `answer` is the 0-based index of the matching image. Requires
-the admin token when LAD_ADMIN_TOKEN is set."""
+the admin token when LAD_ADMIN_TOKEN is set; the token is checked before the body is read."""
+
+_ERRORS = error_responses(
+    SERVICE, ADMIN,
+    (errors.InvalidImage, errors.UnsupportedImageFormat, errors.UnsupportedImage,
+     errors.ImageTooLarge, errors.TooManyImages, errors.TooFewImages, errors.InvalidQuery,
+     errors.InvalidLabels, errors.InvalidCalibration, errors.UnsupportedMediaType,
+     errors.EngineFailure),
+)  # fmt: skip
+_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": CalibrateRequest.model_json_schema()}},
+    }
+}
 
 
 @router.post(
     "/v1/calibrate",
     response_model=CalibrateResponse,
     dependencies=[AdminAuth],
-    responses={c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 429, 500, 503)},
+    openapi_extra=_OPENAPI,
+    responses=_ERRORS,
     summary="Calibrate a profile (bias matrix B and attention prior P) for one N",
     description=DESCRIPTION,
 )
-async def calibrate(body: CalibrateRequest, service: ServiceDep) -> CalibrateResponse:
+async def calibrate(request: Request, service: ServiceDep) -> CalibrateResponse:
+    media_type = content_type(request)
+    if not is_json(media_type):
+        raise errors.UnsupportedMediaType(
+            f"content type {media_type or '(none)'!r} is not supported; send application/json"
+        )
+    body: CalibrateRequest = await read_json(request, CalibrateRequest)
     return await service.calibrate(body)

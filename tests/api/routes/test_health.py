@@ -14,7 +14,8 @@ def test_health_and_readiness(client):
     body = ready.json()
     assert body["ready"] is True
     assert body["model"]["model_id"] == "tiny-qwen2_5_vl" and body["model"]["worker_running"]
-    assert body["store"]["backend"] == "memory" and body["store"]["ok"] is True
+    assert body["store"]["backend"] == "memory" and body["store"]["status"] == "ok"
+    assert body["status"] == "ok"
     assert body["queue"]["depth"] == 0
 
 

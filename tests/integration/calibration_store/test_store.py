@@ -129,7 +129,9 @@ def test_put_get_versions_rollback_delete(make_store: Callable[..., ProfileStore
     assert store.delete(key) is False
     with pytest.raises(ProfileNotFound):
         store.rollback(key)
-    assert store.put(make_profile()).version == 1
+    # the high-water mark survives delete: a version number never names two calibrations
+    assert store.put(make_profile()).version == 5
+    assert store.versions(key) == [5] and store.list_keys() == [key]
 
 
 def test_stored_copy_is_exact_and_stamped(make_store: Callable[..., ProfileStore]) -> None:
@@ -213,11 +215,21 @@ def test_open_store_urls(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-def test_unreachable_redis_is_store_unavailable_quickly() -> None:
+def test_unreachable_redis_opens_degraded_and_fails_fast() -> None:
+    """Redis down at start-up: the store opens (empty, not ok); calls that need Redis raise
+    StoreUnavailable quickly instead of stalling."""
     start = time.monotonic()
-    with pytest.raises(StoreUnavailable):
-        open_store("redis://127.0.0.1:1/0", socket_timeout=0.5)
-    assert time.monotonic() - start < 10
+    store = open_store("redis://127.0.0.1:1/0", socket_timeout=0.5, listen=False)
+    try:
+        assert store.health()["ok"] is False and store.list_keys() == []
+        assert store.get(make_profile().key) is None
+        for call in (lambda: store.put(make_profile()), lambda: store.delete(make_profile().key),
+                     lambda: store.versions(make_profile().key)):
+            with pytest.raises(StoreUnavailable):
+                call()
+    finally:
+        store.close()
+    assert time.monotonic() - start < 5
 
 
 # ------------------------------------------------------------------- file store

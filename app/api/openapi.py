@@ -1,0 +1,88 @@
+"""The OpenAPI document tells the truth: every error a route can answer, with its code and
+meaning from the one error table, and the limits of the running settings.
+
+Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
+patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_QUERY_CHARS,
+LAD_MAX_LABEL_CHARS), so what the document accepts is what the service accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app import errors
+from app.schemas import ErrorResponse
+from app.settings import Settings
+
+ALWAYS: tuple[type[errors.ServiceError], ...] = (
+    errors.BadRequest, errors.RequestTimeout, errors.PayloadTooLarge, errors.InvalidRequest,
+    errors.InternalError,
+)  # fmt: skip
+"""What any route may answer: a malformed request, a body over the route's limit or too
+slow, a bad query parameter, an unexpected failure."""
+
+SERVICE: tuple[type[errors.ServiceError], ...] = (*ALWAYS, errors.NotReady)
+"""What any route that needs the loaded model may answer."""
+
+ADMIN: tuple[type[errors.ServiceError], ...] = (
+    errors.Unauthorized, errors.Forbidden, errors.StoreUnavailable,
+)  # fmt: skip
+
+
+def error_responses(*groups: Iterable[type[errors.ServiceError]]) -> dict[int | str, Any]:
+    """FastAPI ``responses=`` for these errors: one entry per status listing its codes."""
+    by_status: dict[int, list[type[errors.ServiceError]]] = {}
+    for cls in dict.fromkeys(c for group in groups for c in group):
+        by_status.setdefault(cls.status, []).append(cls)
+    return {
+        status: {
+            "model": ErrorResponse,
+            "description": "; ".join(f"`{c.code}`: {c.meaning}" for c in classes),
+        }
+        for status, classes in sorted(by_status.items())
+    }
+
+
+def _patch_limits(node: Any, settings: Settings) -> None:
+    """Set the instance's limits on every object schema with these property names."""
+    if isinstance(node, list):
+        for item in node:
+            _patch_limits(item, settings)
+        return
+    if not isinstance(node, dict):
+        return
+    props = node.get("properties")
+    if isinstance(props, dict):
+        if isinstance(props.get("images"), dict):
+            props["images"]["maxItems"] = settings.max_images
+        if isinstance(props.get("query"), dict) and props["query"].get("type") == "string":
+            props["query"]["maxLength"] = settings.max_query_chars
+        if isinstance(props.get("answer"), dict):
+            props["answer"].pop("exclusiveMaximum", None)
+            props["answer"]["maximum"] = settings.max_images - 1
+        for alt in (props.get("labels") or {}).get("anyOf", []):
+            if alt.get("type") == "array":
+                alt["maxItems"] = settings.max_images
+                alt["items"]["maxLength"] = settings.max_label_chars
+    for value in node.values():
+        _patch_limits(value, settings)
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Generate the document once, with the running settings' limits."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes,
+            )  # fmt: skip
+            _patch_limits(document, settings)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

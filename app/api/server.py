@@ -1,0 +1,73 @@
+"""uvicorn as `lad serve` runs it: the server's own timeouts and connection limit.
+
+uvicorn bounds idle keep-alive connections (``timeout_keep_alive``) and the number of
+connections + running requests (``limit_concurrency``, answered 503 beyond it), but not the
+time a client may take to send a request's headers: a connection that trickles a partial
+request line would be held forever. ``HeaderTimeoutH11Protocol`` closes it after
+``LAD_HEADER_TIMEOUT_S``. The body's own deadline is the body guard's (LAD_READ_TIMEOUT_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.settings import Settings
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing connections whose request headers do not arrive in
+    time (from the connection's start, or from the first byte of a keep-alive request)."""
+
+    header_timeout_s: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm_header_timer()  # bytes of a request whose headers are incomplete
+        else:
+            self._cancel_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if getattr(self, "_header_timer", None) is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _cancel_header_timer(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.run`` for these settings (documented in the README)."""
+    protocol = type(
+        "LadH11Protocol", (HeaderTimeoutH11Protocol,),
+        {"header_timeout_s": settings.header_timeout_s},
+    )  # fmt: skip
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level.lower(),
+        "http": protocol,
+        "timeout_keep_alive": settings.keep_alive_s,
+        "limit_concurrency": settings.max_connections,
+        "h11_max_incomplete_event_size": 64 * 1024,
+    }
