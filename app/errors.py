@@ -12,6 +12,7 @@ exceptions into HTTP responses.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from contextvars import ContextVar
 from typing import Any, ClassVar
@@ -20,7 +21,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from app.engine.batcher import BatcherStopped, QueueFull
 from calibration_store.base import NoPreviousVersion as StoreNoPreviousVersion
@@ -311,10 +311,15 @@ def unexpected_error_response(exc: BaseException, method: str, path: str) -> JSO
 
 
 def _allowed_methods(request: Request) -> list[str]:
+    """Every method of every documented route on this path (several routes may share it)."""
+    path = request.url.path
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE:
-            methods.update(route.methods)
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods.update(m.upper() for m in operations)
+    if "GET" in methods:
+        methods.add("HEAD")
     return sorted(methods)
 
 
@@ -338,7 +343,12 @@ def install_error_handlers(app: FastAPI) -> None:
         error = cls(detail) if cls is not Unauthorized else Unauthorized(detail)
         error.headers.update(exc.headers or {})
         if exc.status_code == 405:  # every method of every route on this path
-            error.headers["Allow"] = ", ".join(_allowed_methods(request))
+            allowed = _allowed_methods(request)
+            if allowed:
+                error.headers["Allow"] = ", ".join(allowed)
+                error.message = f"{request.method} is not allowed here; use {', '.join(allowed)}"
+        elif exc.status_code == 404 and detail == "Not Found":
+            error.message = f"no route {request.method} {request.url.path[:200]}"
         response = error_response(error, _request_id(request))
         response.status_code = exc.status_code
         return response
