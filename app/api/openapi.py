@@ -72,6 +72,33 @@ def _patch_limits(node: Any, settings: Settings) -> None:
         _patch_limits(value, settings)
 
 
+def _hoist_defs(document: dict[str, Any]) -> None:
+    """Move the ``$defs`` of hand-written request bodies into ``components/schemas`` (where
+    OpenAPI tools resolve references) and point their ``$ref`` there."""
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref.removeprefix("#/$defs/")
+            for value in node.values():
+                rewrite(value)
+        elif isinstance(node, list):
+            for item in node:
+                rewrite(item)
+        return node
+
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                schema = media.get("schema", {})
+                for name, definition in schema.pop("$defs", {}).items():
+                    components.setdefault(name, definition)
+                rewrite(schema)
+    rewrite(components)
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Generate the document once, with the running settings' limits."""
 
@@ -81,6 +108,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 title=app.title, version=app.version, description=app.description,
                 routes=app.routes,
             )  # fmt: skip
+            _hoist_defs(document)
             _patch_limits(document, settings)
             app.openapi_schema = document
         return app.openapi_schema
