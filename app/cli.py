@@ -11,6 +11,8 @@ COMMANDS: dict[str, str] = {
     "serve": "app.main",
     "bench engine": "app.bench.engine",
     "bench service": "app.bench.service",
+    "bench memory": "app.bench.memory",
+    "bench soak": "app.bench.soak",
     "demo train": "app.demo.train",
     "demo eval": "app.demo.evaluate",
 }

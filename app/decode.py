@@ -190,7 +190,11 @@ class Decoder:
 
     # ------------------------------------------------------------------ images
     def images(self, inputs: Sequence[ImageInput], where: str) -> list[Image.Image]:
-        """Decode a request's images (call inside `slot()`, off the event loop)."""
+        """Decode a request's images (call inside `slot()`, off the event loop).
+
+        Every header is checked before any pixel is decoded; then one image at a time is
+        decoded, shrunk and its full-size pixels released before the next one.
+        """
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
         probes: list[_Probe] = []
         try:
@@ -202,13 +206,18 @@ class Decoder:
                     f"{where} would decode to {total} pixels; the limit is "
                     f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
                 )
-            decoded = [self._decode(p) for p in probes]
-        finally:  # release what was opened but not returned (on success: the originals)
-            kept = {id(image) for image in locals().get("decoded", ())}
+            decoded = []
             for probe in probes:
-                if id(probe.image) not in kept:
-                    probe.image.close()
-        return decoded
+                image = self._decode(probe)
+                if image is not probe.image:
+                    probe.image.close()  # the full-size pixels go now, not at the end
+                probe.image = image
+                decoded.append(image)
+            probes.clear()
+            return decoded
+        finally:  # on an error: release everything opened so far
+            for probe in probes:
+                probe.image.close()
 
     def _probe(self, raw: bytes, where: str) -> _Probe:
         """Open the header only: format, size and aspect ratio checked, draft scale set."""

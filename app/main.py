@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from app.api.server import uvicorn_options
+    from app.api.server import return_large_buffers_to_the_os, uvicorn_options
 
+    return_large_buffers_to_the_os()
     uvicorn.run(create_app(settings), **uvicorn_options(settings))
     return 0
 
