@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "bench service": "app.bench.service",
     "bench memory": "app.bench.memory",
     "bench soak": "app.bench.soak",
+    "docs limits": "app.limits_doc",
     "demo train": "app.demo.train",
     "demo eval": "app.demo.evaluate",
 }

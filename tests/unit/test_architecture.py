@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench"),
+    ("app.main", "app.cli", "app.bench", "app.limits_doc"),
 ]
 
 
