@@ -19,14 +19,14 @@ from app.schemas import ErrorResponse
 from app.settings import Settings
 
 ALWAYS: tuple[type[errors.ServiceError], ...] = (
-    errors.BadRequest, errors.RequestTimeout, errors.PayloadTooLarge, errors.InvalidRequest,
-    errors.InternalError,
+    errors.BadRequest, errors.RequestTimeout, errors.PayloadTooLarge, errors.InternalError,
 )  # fmt: skip
 """What any route may answer: a malformed request, a body over the route's limit or too
-slow, a bad query parameter, an unexpected failure."""
+slow, an unexpected failure."""
 
-SERVICE: tuple[type[errors.ServiceError], ...] = (*ALWAYS, errors.NotReady)
-"""What any route that needs the loaded model may answer."""
+SERVICE: tuple[type[errors.ServiceError], ...] = (*ALWAYS, errors.InvalidRequest,
+                                                  errors.NotReady)
+"""What any route that needs the loaded model may answer (it also validates parameters)."""
 
 ADMIN: tuple[type[errors.ServiceError], ...] = (
     errors.Unauthorized, errors.Forbidden, errors.StoreUnavailable,
