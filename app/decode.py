@@ -255,6 +255,10 @@ class Decoder:
         except errors.ServiceError:
             image.close()
             raise
+        except Exception as exc:  # a header that opens but cannot be scaled
+            image.close()
+            log.debug("%s has an unusable header: %r", where, exc)
+            raise errors.InvalidImage(f"{where} is not a readable image") from None
         return _Probe(image, where, size)
 
     def _decode(self, probe: _Probe) -> Image.Image:

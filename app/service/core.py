@@ -133,14 +133,14 @@ class Service:
     def _prepare(
         self, images: Sequence[ImageInput], method: str, profile: str, labels: LabelSpec
     ) -> tuple[list[Image.Image], Profile | None]:
-        """Off the event loop: the decoded images and the profile the method needs."""
-        pil = self.decoder.images(images, "images")
-        if method not in NEEDS_CALIBRATION:
-            return pil, None
-        stored = self.profiles.current(profile, labels, len(images))
-        if stored is None and not self.settings.fallback_to_vanilla:
-            raise self._uncalibrated(profile, labels, len(images))
-        return pil, stored
+        """Off the event loop: the profile the method needs (looked up first, so a request
+        that will be refused decodes nothing), then the decoded images."""
+        stored = None
+        if method in NEEDS_CALIBRATION:
+            stored = self.profiles.current(profile, labels, len(images))
+            if stored is None and not self.settings.fallback_to_vanilla:
+                raise self._uncalibrated(profile, labels, len(images))
+        return self.decoder.images(images, "images"), stored
 
     # -------------------------------------------------------------------- retrieve
     async def retrieve(

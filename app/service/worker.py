@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.metrics import Metrics
 from app.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
