@@ -21,6 +21,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "measure plain forward vs capture + debias vs eager attention"),
     "bench service": ("app.bench.service",
                       "measure the HTTP service's throughput and latency, batching on/off"),
+    "bench memory": ("app.bench.memory",
+                     "measure resident memory of large-image requests (one and four at once)"),
+    "bench soak": ("app.bench.soak",
+                   "drive mixed traffic for M minutes: errors, p99 per minute, memory growth"),
+    "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
     "demo eval": ("app.demo.evaluate", "evaluate the demo model: the model card's table"),
 }

@@ -1,44 +1,113 @@
-"""The decode stage: wire input -> engine input, within the operator's limits.
+"""The decode stage: wire input -> engine input, within the operator's limits, at bounded cost.
 
-Runs before the queue (off the event loop), so a bad image or query is refused with
-a 4xx before it can take a place in the batch.
+Runs before the queue (off the event loop), so a bad image or query is refused with a 4xx
+before it can take a place in a batch. The cost of a request is bounded before any pixel
+is decoded: every image's header is read first (format allowlist, size, aspect ratio, the
+request's decoded-pixel budget), then each image is decoded at the smallest scale that
+still covers the model's own image budget (the processor's max pixels): JPEGs through
+Pillow's draft mode (a 4096² JPEG decodes at 512²), everything else decoded once and
+resized once, straight to that budget. The processor then has nothing left to shrink.
+Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once.
+
+Conversions, so the model sees what a person sees: EXIF orientation applied; transparent
+pixels (RGBA, LA, palette with transparency) composited on white; CMYK converted to RGB
+(without colour management); 16-bit images scaled to 8 bits; GIF and WebP animations give
+their first frame. An aspect ratio beyond `LAD_MAX_ASPECT_RATIO` is refused (422), not
+padded or cropped, so that the answer is about the image the client sent.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import binascii
 import io
-from collections.abc import Sequence
+import logging
+import math
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
-from PIL import Image, UnidentifiedImageError
+import numpy as np
+from PIL import Image
 
 from app import errors
 from app.engine.labels import resolve_labels
 from app.settings import Settings
 
+log = logging.getLogger(__name__)
+
 ImageInput = str | bytes
 
+_DATA_URL_HEADER = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[A-Za-z0-9=._+-]*)*;base64", re.ASCII)
+_WHITESPACE = re.compile(r"\s+")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_ORIENTATION = 0x0112
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90,
+}  # fmt: skip
+# Leading bytes of formats that are refused by name (415) rather than as unreadable (400).
+_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
+    (b"\xff\xd8\xff", 0, "JPEG"), (b"\x89PNG\r\n\x1a\n", 0, "PNG"), (b"GIF8", 0, "GIF"),
+    (b"WEBP", 8, "WEBP"), (b"BM", 0, "BMP"), (b"II*\x00", 0, "TIFF"), (b"MM\x00*", 0, "TIFF"),
+    (b"%PDF", 0, "PDF"), (b"%!PS", 0, "PostScript/EPS"), (b"\xc5\xd0\xd3\xc6", 0, "EPS"),
+    (b"8BPS", 0, "PSD"), (b"\x00\x00\x01\x00", 0, "ICO"), (b"ftypheic", 4, "HEIC"),
+    (b"ftypheix", 4, "HEIC"), (b"ftypmif1", 4, "HEIF"), (b"ftypavif", 4, "AVIF"),
+    (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"), (b"\xffO\xffQ", 0, "JPEG 2000"),
+    (b"qoif", 0, "QOI"), (b"DDS ", 0, "DDS"), (b"v/1\x01", 0, "OpenEXR"),
+)  # fmt: skip
 
-def decode_image(data: ImageInput, where: str, settings: Settings) -> Image.Image:
-    """Base64 (data URL or bare) or raw bytes -> RGB PIL image, within the size limits."""
-    if isinstance(data, str):
-        text = data.strip()
-        if text.startswith("data:"):
-            header, sep, text = text.partition(",")
-            if not sep or not header[5:].startswith("image/") or ";base64" not in header:
+
+def sniff_format(raw: bytes) -> str | None:
+    """The format named by the first bytes (None if not recognised); never decodes."""
+    for magic, offset, name in _SIGNATURES:
+        if raw[offset : offset + len(magic)] == magic:
+            return name
+    head = raw[:256].lstrip().lower()
+    if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")):
+        return "SVG"
+    return None
+
+
+def target_size(width: int, height: int, budget: int | None) -> tuple[int, int]:
+    """The largest size with the same aspect ratio and at most ``budget`` pixels (never
+    larger than the image; None = keep the size). The short side is rounded first so the
+    aspect ratio survives rounding."""
+    if budget is None or width * height <= budget:
+        return width, height
+    scale = math.sqrt(budget / (width * height))
+    if width >= height:
+        short = max(1, round(height * scale))
+        long_ = max(1, min(round(short * width / height), budget // short))
+        return long_, short
+    short = max(1, round(width * scale))
+    long_ = max(1, min(round(short * height / width), budget // short))
+    return short, long_
+
+
+def _to_bytes(data: ImageInput, where: str, settings: Settings) -> bytes:
+    """Base64 (data URL or bare) or raw bytes -> encoded image bytes, within the byte limit."""
+    if not isinstance(data, str):
+        raw = bytes(data)
+    else:
+        text = data.strip()  # the same object when there is nothing to strip
+        if text[:5] == "data:":
+            comma = text.find(",", 0, 256)
+            if comma < 0 or not _DATA_URL_HEADER.fullmatch(text, 0, comma):
                 raise errors.InvalidImage(f"{where}: expected data:image/<type>;base64,<data>")
-        text = "".join(text.split())
+            text = text[comma + 1 :]
         if len(text) * 3 // 4 > settings.max_image_bytes + 3:
             raise errors.ImageTooLarge(
                 f"{where} is larger than LAD_MAX_IMAGE_BYTES={settings.max_image_bytes} bytes"
             )
         try:
-            raw = base64.b64decode(text, validate=True)
+            raw = binascii.a2b_base64(text, strict_mode=True)
         except (binascii.Error, ValueError):
-            raise errors.InvalidImage(f"{where} is not valid base64") from None
-    else:
-        raw = data
+            try:  # line-wrapped base64 is common; strip whitespace only when needed
+                raw = binascii.a2b_base64(_WHITESPACE.sub("", text), strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise errors.InvalidImage(f"{where} is not valid base64") from None
     if not raw:
         raise errors.InvalidImage(f"{where} is empty")
     if len(raw) > settings.max_image_bytes:
@@ -46,44 +115,230 @@ def decode_image(data: ImageInput, where: str, settings: Settings) -> Image.Imag
             f"{where} has {len(raw)} bytes; the limit is LAD_MAX_IMAGE_BYTES="
             f"{settings.max_image_bytes}"
         )
-    try:
-        with Image.open(io.BytesIO(raw)) as probe:
-            width, height = probe.size
-            if width * height > settings.max_image_pixels:
+    return raw
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """Modes the resampler and the processor do not take -> L, RGB, RGBA, LA or CMYK."""
+    mode = image.mode
+    if mode.startswith("I") or mode == "F":
+        pixels = np.asarray(image)
+        if mode == "F":
+            small = np.clip(pixels, 0, 255).astype(np.uint8)
+        else:  # 16-bit samples (I;16*, or I holding 0..65535): keep the top 8 bits
+            small = (np.clip(pixels, 0, 65535) >> 8).astype(np.uint8)
+        return Image.fromarray(small)  # uint8 (H, W) -> mode L
+    if mode in ("P", "PA"):
+        has_alpha = mode == "PA" or "transparency" in image.info
+        return image.convert("RGBA" if has_alpha else "RGB")
+    if mode == "1":
+        return image.convert("L")
+    if mode in ("RGBa", "La"):
+        return image.convert("RGBA")
+    if mode not in ("L", "LA", "RGB", "RGBA", "CMYK", "YCbCr"):
+        return image.convert("RGBA" if "A" in mode else "RGB")
+    return image
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB for the model: transparent pixels on white, other modes converted."""
+    if image.mode in ("RGBA", "LA"):
+        rgba = image.convert("RGBA")
+        out = Image.new("RGB", rgba.size, (255, 255, 255))
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+class _Probe:
+    """An opened (header-only) image with its checks done and its decode size chosen."""
+
+    def __init__(self, image: Image.Image, where: str, size: tuple[int, int]) -> None:
+        self.image, self.where, self.size = image, where, size
+
+    @property
+    def decoded_pixels(self) -> int:
+        return self.image.size[0] * self.image.size[1]
+
+
+class Decoder:
+    """The decode stage of one service: limits from the settings, the model's image budget,
+    the model's special tokens (refused in user text) and the bound on concurrent decodes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pixel_budget: int | None = None,
+        special_tokens: Sequence[str] = (),
+    ) -> None:
+        self.settings = settings
+        self.pixel_budget = pixel_budget
+        self.formats = tuple(settings.image_formats)
+        tokens = sorted({t for t in special_tokens if t}, key=len, reverse=True)
+        self._special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+        self._slots: asyncio.Semaphore | None = None
+
+    # ------------------------------------------------------------------ concurrency
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of LAD_MAX_CONCURRENT_DECODES decode slots (waiting costs no thread)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_concurrent_decodes)
+        async with self._slots:
+            yield
+
+    # ------------------------------------------------------------------ images
+    def images(self, inputs: Sequence[ImageInput], where: str) -> list[Image.Image]:
+        """Decode a request's images (call inside `slot()`, off the event loop).
+
+        Every header is checked before any pixel is decoded; then one image at a time is
+        decoded, shrunk and its full-size pixels released before the next one.
+        """
+        raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
+        probes: list[_Probe] = []
+        try:
+            for i, raw in enumerate(raws):
+                probes.append(self._probe(raw, f"{where}[{i}]"))
+            total = sum(p.decoded_pixels for p in probes)
+            if total > self.settings.max_request_pixels:
+                raise errors.ImageTooLarge(
+                    f"{where} would decode to {total} pixels; the limit is "
+                    f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
+                )
+            decoded = []
+            for probe in probes:
+                image = self._decode(probe)
+                if image is not probe.image:
+                    probe.image.close()  # the full-size pixels go now, not at the end
+                probe.image = image
+                decoded.append(image)
+            probes.clear()
+            return decoded
+        finally:  # on an error: release everything opened so far
+            for probe in probes:
+                probe.image.close()
+
+    def _probe(self, raw: bytes, where: str) -> _Probe:
+        """Open the header only: format, size and aspect ratio checked, draft scale set."""
+        try:
+            image = Image.open(io.BytesIO(raw), formats=self.formats)
+        except Image.DecompressionBombError:
+            raise errors.ImageTooLarge(f"{where} is a decompression bomb") from None
+        except Exception as exc:
+            log.debug("%s could not be opened: %r", where, exc)
+            found = sniff_format(raw)
+            if found is not None and found not in self.formats:
+                raise errors.UnsupportedImageFormat(
+                    f"{where} is {found}; accepted formats: {', '.join(self.formats)} "
+                    "(LAD_IMAGE_FORMATS)"
+                ) from None
+            raise errors.InvalidImage(f"{where} is not a readable image") from None
+        try:
+            width, height = image.size
+            if width < 1 or height < 1:
+                raise errors.InvalidImage(f"{where} has no pixels ({width}x{height})")
+            if width * height > self.settings.max_image_pixels:
                 raise errors.ImageTooLarge(
                     f"{where} is {width}x{height} pixels; the limit is "
-                    f"LAD_MAX_IMAGE_PIXELS={settings.max_image_pixels}"
+                    f"LAD_MAX_IMAGE_PIXELS={self.settings.max_image_pixels}"
                 )
-            probe.verify()
-        with Image.open(io.BytesIO(raw)) as image:
-            return image.convert("RGB")
-    except Image.DecompressionBombError:
-        raise errors.ImageTooLarge(f"{where} is a decompression bomb") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise errors.InvalidImage(f"{where} is not a readable image ({exc})") from None
+            ratio = max(width, height) / min(width, height)
+            if ratio > self.settings.max_aspect_ratio:
+                raise errors.UnsupportedImage(
+                    f"{where} is {width}x{height} pixels, an aspect ratio of {ratio:.0f}:1; the "
+                    f"limit is LAD_MAX_ASPECT_RATIO={self.settings.max_aspect_ratio:g}"
+                )
+            size = target_size(width, height, self.pixel_budget)
+            if image.format == "JPEG" and size != (width, height):
+                image.draft("RGB", size)  # decode at 1/2, 1/4 or 1/8 scale, still >= size
+        except errors.ServiceError:
+            image.close()
+            raise
+        except Exception as exc:  # a header that opens but cannot be scaled
+            image.close()
+            log.debug("%s has an unusable header: %r", where, exc)
+            raise errors.InvalidImage(f"{where} is not a readable image") from None
+        return _Probe(image, where, size)
 
+    def _decode(self, probe: _Probe) -> Image.Image:
+        """Decode once, resize once (straight to the budget), orient, convert to RGB."""
+        try:
+            image = probe.image
+            image.load()
+            orientation = image.getexif().get(_ORIENTATION, 1)
+            image = _to_8bit(image)
+            if image.size != probe.size:
+                image = image.resize(probe.size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+            if orientation in _TRANSPOSE:
+                image = image.transpose(_TRANSPOSE[orientation])
+            return _to_rgb(image)
+        except errors.ServiceError:
+            raise
+        except Image.DecompressionBombError:
+            raise errors.ImageTooLarge(f"{probe.where} is a decompression bomb") from None
+        except Exception as exc:  # any decoder failure on untrusted bytes is a bad image
+            log.debug("%s could not be decoded: %r", probe.where, exc)
+            raise errors.InvalidImage(f"{probe.where} is truncated or corrupt") from None
 
-def check_query(query: str, settings: Settings, where: str = "query") -> str:
-    if not query.strip():
-        raise errors.InvalidQuery(f"{where} is empty")
-    if len(query) > settings.max_query_chars:
-        raise errors.InvalidQuery(
-            f"{where} has {len(query)} characters; LAD_MAX_QUERY_CHARS={settings.max_query_chars}"
-        )
-    return query
+    # ------------------------------------------------------------------ text
+    def query(self, text: str, where: str = "query") -> str:
+        """A query the model reads as plain text, within LAD_MAX_QUERY_CHARS."""
+        if not text.strip():
+            raise errors.InvalidQuery(f"{where} is empty")
+        if len(text) > self.settings.max_query_chars:
+            raise errors.InvalidQuery(
+                f"{where} has {len(text)} characters; LAD_MAX_QUERY_CHARS="
+                f"{self.settings.max_query_chars}"
+            )
+        self._plain_text(text, where, errors.InvalidQuery)
+        return text
 
+    def _plain_text(self, text: str, where: str, error: type[errors.ServiceError]) -> None:
+        """No control characters, no unpaired surrogates, none of the model's special tokens
+        (the processor would read "<|image_pad|>" as an image slot, not as words)."""
+        if _CONTROL.search(text):
+            raise error(f"{where} holds a control character")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise error(f"{where} holds an unpaired UTF-16 surrogate") from None
+        if self._special is not None:
+            found = self._special.search(text)
+            if found:
+                raise error(
+                    f"{where} holds the model's special token {found.group(0)!r}; special "
+                    "tokens are not allowed in user text"
+                )
 
-def check_candidates(
-    n: int, labels: str | Sequence[str], settings: Settings, where: str = "images"
-) -> list[str]:
-    """N within limits and a label scheme that can name N images; returns the labels."""
-    if n < 2:
-        raise errors.TooFewImages(f"{where} has {n} image(s); retrieval needs N >= 2 candidates")
-    if n > settings.max_images:
-        raise errors.TooManyImages(
-            f"{where} has {n} images; the limit is LAD_MAX_IMAGES={settings.max_images}"
-        )
-    try:
-        return resolve_labels(labels, n)
-    except ValueError as exc:
-        raise errors.InvalidLabels(str(exc)) from None
+    def candidates(self, n: int, labels: str | Sequence[str], where: str = "images") -> list[str]:
+        """N within limits and a label scheme that can name N images; returns the labels."""
+        if n < 2:
+            raise errors.TooFewImages(
+                f"{where} has {n} image(s); retrieval needs N >= 2 candidates"
+            )
+        if n > self.settings.max_images:
+            raise errors.TooManyImages(
+                f"{where} has {n} images; the limit is LAD_MAX_IMAGES={self.settings.max_images}"
+            )
+        try:
+            strings = resolve_labels(labels, n)
+        except ValueError as exc:
+            raise errors.InvalidLabels(str(exc)) from None
+        limit = self.settings.max_label_chars
+        for j, label in enumerate(strings):
+            if len(label) > limit:
+                raise errors.InvalidLabels(
+                    f"label {j} has {len(label)} characters; LAD_MAX_LABEL_CHARS={limit}"
+                )
+            self._plain_text(label, f"label {j}", errors.InvalidLabels)
+        return strings
+
+    def check_label_tokens(self, token_counts: Sequence[int]) -> None:
+        """The labels' total token count (as the model tokenises them) within the limit."""
+        total = sum(token_counts)
+        if total > self.settings.max_label_tokens:
+            raise errors.InvalidLabels(
+                f"the labels tokenise to {total} tokens in all; LAD_MAX_LABEL_TOKENS="
+                f"{self.settings.max_label_tokens}"
+            )

@@ -1,14 +1,20 @@
-"""Errors a client can act on: one type per cause, one table mapping each to an HTTP status.
+"""Errors a client can act on: one type per cause, one table of causes, statuses and meanings.
 
-Every error answer has the same body, ``{"error": {"code": "...", "message": "..."}}``,
+Every error answer has the same body, ``{"error": {"code", "message", "request_id"}}``,
 whether it comes from our code, from FastAPI's request validation (422), from routing
-(404/405), from the store, the queue or an unexpected failure (500). `install_error_handlers`
-is the only place that turns exceptions into HTTP responses.
+(404/405), from the body guard (408/413), from the store, the queue or an unexpected
+failure (500). Messages are written for the client and never carry internals (exception
+text, addresses, paths); the details go to the log under the same request id.
+`install_error_handlers` and `unexpected_error_response` are the only places that turn
+exceptions into HTTP responses.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import traceback
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -23,11 +29,20 @@ from calibration_store.base import StoreUnavailable as StoreDown
 
 log = logging.getLogger(__name__)
 
+REQUEST_ID: ContextVar[str | None] = ContextVar("lad_request_id", default=None)
+"""The id of the request being handled (set by the request-id middleware; logs read it)."""
+
+REQUEST_ID_SCOPE_KEY = "lad.request_id"
+"""Where the request-id middleware leaves the id in the ASGI scope."""
+
 
 class ServiceError(Exception):
-    """Base of the service's errors; `code` is the stable machine-readable cause."""
+    """Base of the service's errors: `code` is the stable cause, `status` its HTTP status,
+    `meaning` the one-line explanation shown in the README and in the OpenAPI schema."""
 
     code: ClassVar[str] = "error"
+    status: ClassVar[int] = 500
+    meaning: ClassVar[str] = ""
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -37,90 +52,134 @@ class ServiceError(Exception):
 
 # --- the request itself --------------------------------------------------------------------
 class InvalidRequest(ServiceError):
-    code = "invalid_request"
+    code, status = "invalid_request", 422
+    meaning = "the body, a form field or a query parameter does not match the schema"
 
 
 class BadRequest(ServiceError):
-    code = "bad_request"
+    code, status = "bad_request", 400
+    meaning = "the HTTP request itself is malformed (e.g. a broken multipart body)"
 
 
 class InvalidImage(ServiceError):
-    code = "invalid_image"
+    code, status = "invalid_image", 400
+    meaning = "an image is not valid base64, is empty, truncated or not an image"
+
+
+class UnsupportedImageFormat(ServiceError):
+    code, status = "unsupported_image_format", 415
+    meaning = "an image is in a format outside LAD_IMAGE_FORMATS (e.g. PDF, SVG, EPS, TIFF)"
+
+
+class UnsupportedImage(ServiceError):
+    code, status = "unsupported_image", 422
+    meaning = "an image decodes but its aspect ratio is beyond LAD_MAX_ASPECT_RATIO"
 
 
 class ImageTooLarge(ServiceError):
-    code = "image_too_large"
+    code, status = "image_too_large", 413
+    meaning = (
+        "an image is over LAD_MAX_IMAGE_BYTES or LAD_MAX_IMAGE_PIXELS, or the request's images "
+        "over LAD_MAX_REQUEST_PIXELS decoded pixels"
+    )
 
 
 class PayloadTooLarge(ServiceError):
-    code = "payload_too_large"
+    code, status = "payload_too_large", 413
+    meaning = "the request body is over the route's limit (LAD_MAX_BODY_BYTES, ...)"
+
+
+class RequestTimeout(ServiceError):
+    code, status = "request_timeout", 408
+    meaning = "the request body did not arrive within LAD_READ_TIMEOUT_S"
 
 
 class TooManyImages(ServiceError):
-    code = "too_many_images"
+    code, status = "too_many_images", 422
+    meaning = "more than LAD_MAX_IMAGES candidate images"
 
 
 class TooFewImages(ServiceError):
-    code = "too_few_images"
+    code, status = "too_few_images", 422
+    meaning = "fewer than 2 candidate images"
 
 
 class InvalidQuery(ServiceError):
-    code = "invalid_query"
+    code, status = "invalid_query", 422
+    meaning = (
+        "the query is blank, over LAD_MAX_QUERY_CHARS, holds control characters or one of "
+        "the model's special tokens"
+    )
 
 
 class InvalidLabels(ServiceError):
-    code = "invalid_labels"
+    code, status = "invalid_labels", 422
+    meaning = (
+        "unknown label scheme, wrong count, duplicates, a label over LAD_MAX_LABEL_CHARS, "
+        "over LAD_MAX_LABEL_TOKENS tokens in all, or labels the model cannot score"
+    )
 
 
 class InvalidCalibration(ServiceError):
-    code = "invalid_calibration"
+    code, status = "invalid_calibration", 422
+    meaning = "calibration examples with different N, or an answer outside 0..N-1"
 
 
 class UnsupportedMediaType(ServiceError):
-    code = "unsupported_media_type"
+    code, status = "unsupported_media_type", 415
+    meaning = "a content type other than application/json (or multipart/form-data on retrieve)"
 
 
 # --- who is asking -------------------------------------------------------------------------
 class Unauthorized(ServiceError):
-    code = "unauthorized"
+    code, status = "unauthorized", 401
+    meaning = "the route needs a bearer token and none was sent"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
 
 
 class Forbidden(ServiceError):
-    code = "forbidden"
+    code, status = "forbidden", 403
+    meaning = "the bearer token is not valid for this route"
 
 
 # --- routing -------------------------------------------------------------------------------
 class NotFound(ServiceError):
-    code = "not_found"
+    code, status = "not_found", 404
+    meaning = "no such route"
 
 
 class MethodNotAllowed(ServiceError):
-    code = "method_not_allowed"
+    code, status = "method_not_allowed", 405
+    meaning = "the route exists but not for this HTTP method (see the Allow header)"
 
 
 # --- profiles ------------------------------------------------------------------------------
 class ProfileNotFound(ServiceError):
-    code = "profile_not_found"
+    code, status = "profile_not_found", 404
+    meaning = "no such profile, (labels, N) or kept version"
 
 
 class CalibrationRequired(ServiceError):
-    code = "calibration_required"
+    code, status = "calibration_required", 409
+    meaning = "no calibration for this model, profile, labels and N (calibrate, or use vanilla)"
 
 
 class ProfileMismatch(ServiceError):
-    code = "profile_mismatch"
+    code, status = "profile_mismatch", 409
+    meaning = "the profile was calibrated under another engine configuration; recalibrate"
 
 
 class NoPreviousVersion(ServiceError):
-    code = "no_previous_version"
+    code, status = "no_previous_version", 409
+    meaning = "rollback asked for, but no older version is kept"
 
 
 # --- the service's state -------------------------------------------------------------------
 class Overloaded(ServiceError):
-    code = "overloaded"
+    code, status = "overloaded", 429
+    meaning = "the queue has no room for the request's forward passes; retry after Retry-After"
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(int(retry_after_s))})
@@ -128,65 +187,54 @@ class Overloaded(ServiceError):
 
 
 class NotReady(ServiceError):
-    code = "not_ready"
+    code, status = "not_ready", 503
+    meaning = "the model is not loaded yet or the service is shutting down"
 
 
 class StoreUnavailable(ServiceError):
-    code = "store_unavailable"
+    code, status = "store_unavailable", 503
+    meaning = "the calibration store cannot be reached (admin routes; retrieval serves its copy)"
 
 
 class EngineFailure(ServiceError):
-    code = "engine_error"
+    code, status = "engine_error", 500
+    meaning = "the model failed on this request (details in the server log)"
 
 
 class InternalError(ServiceError):
-    code = "internal_error"
+    code, status = "internal_error", 500
+    meaning = "an unexpected failure (details in the server log)"
 
 
-HTTP_STATUS: dict[type[ServiceError], int] = {
-    InvalidRequest: 422,
-    BadRequest: 400,
-    InvalidImage: 400,
-    ImageTooLarge: 413,
-    PayloadTooLarge: 413,
-    TooManyImages: 422,
-    TooFewImages: 422,
-    InvalidQuery: 422,
-    InvalidLabels: 422,
-    InvalidCalibration: 422,
-    UnsupportedMediaType: 415,
-    Unauthorized: 401,
-    Forbidden: 403,
-    NotFound: 404,
-    MethodNotAllowed: 405,
-    ProfileNotFound: 404,
-    CalibrationRequired: 409,
-    ProfileMismatch: 409,
-    NoPreviousVersion: 409,
-    Overloaded: 429,
-    NotReady: 503,
-    StoreUnavailable: 503,
-    EngineFailure: 500,
-    InternalError: 500,
-}
-"""The one mapping from cause to HTTP status."""
+ERRORS: tuple[type[ServiceError], ...] = (
+    InvalidRequest, BadRequest, InvalidImage, UnsupportedImageFormat, UnsupportedImage,
+    ImageTooLarge, PayloadTooLarge, RequestTimeout, TooManyImages, TooFewImages, InvalidQuery,
+    InvalidLabels, InvalidCalibration, UnsupportedMediaType, Unauthorized, Forbidden, NotFound,
+    MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch, NoPreviousVersion,
+    Overloaded, NotReady, StoreUnavailable, EngineFailure, InternalError,
+)  # fmt: skip
+"""The one table of causes: each class carries its code, HTTP status and meaning."""
+
+HTTP_STATUS: dict[type[ServiceError], int] = {cls: cls.status for cls in ERRORS}
+"""Cause -> HTTP status (derived from the table)."""
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
     400: BadRequest,
-    404: NotFound,
-    405: MethodNotAllowed,
-    413: PayloadTooLarge,
-    415: UnsupportedMediaType,
     401: Unauthorized,
     403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    408: RequestTimeout,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    422: InvalidRequest,
+    503: NotReady,
 }
+"""Our error for an HTTPException raised by routing, the body guard or a dependency."""
 
 
 def status_of(error: ServiceError) -> int:
-    for cls in type(error).__mro__:
-        if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]
-    return 500
+    return type(error).status
 
 
 def translate(exc: BaseException) -> ServiceError | None:
@@ -195,28 +243,38 @@ def translate(exc: BaseException) -> ServiceError | None:
         return exc
     if isinstance(exc, QueueFull):
         return Overloaded(
-            f"the request queue is full ({exc.depth} waiting); retry in {exc.retry_after_s} s",
+            f"the request queue has no room for {exc.needed} forward pass(es) ({exc.depth} "
+            f"waiting); retry in {exc.retry_after_s} s",
             exc.retry_after_s,
         )
     if isinstance(exc, BatcherStopped):
-        return NotReady(f"the model worker is not running: {exc}")
+        return NotReady("the model worker is not running; retry shortly")
     if isinstance(exc, StoreProfileNotFound):
-        return ProfileNotFound(str(exc) or "no such profile")
+        return ProfileNotFound(str(exc) or "no such profile or version")
     if isinstance(exc, StoreNoPreviousVersion):
         return NoPreviousVersion(str(exc) or "no older version is kept to roll back to")
     if isinstance(exc, StoreDown):
-        return StoreUnavailable(f"the calibration store is unavailable: {exc}")
+        return StoreUnavailable("the calibration store is unavailable; retry shortly")
     return None
 
 
-def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
+def error_body(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "request_id": request_id}}
 
 
-def error_response(error: ServiceError) -> JSONResponse:
+def error_response(error: ServiceError, request_id: str | None = None) -> JSONResponse:
+    headers = dict(error.headers)
+    if request_id:
+        headers.setdefault("X-Request-ID", request_id)
     return JSONResponse(
-        error_body(error.code, error.message), status_code=status_of(error), headers=error.headers
+        error_body(error.code, error.message, request_id),
+        status_code=status_of(error),
+        headers=headers,
     )
+
+
+def _request_id(request: Request) -> str | None:
+    return request.scope.get(REQUEST_ID_SCOPE_KEY) or REQUEST_ID.get()
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -224,36 +282,76 @@ def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         where = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", ""))
+        msg = str(err.get("msg", "invalid"))[:200]
+        parts.append(f"{where}: {msg}" if where else msg)
     more = len(exc.errors()) - 5
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def log_unexpected(exc: BaseException, what: str) -> None:
+    """One compact line per unexpected error: type, where it was raised, the request id.
+
+    The full traceback goes to DEBUG only, so a flood of bad requests cannot flood the log.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
+    text = str(exc).replace("\n", " ")[:300]
+    log.error("%s: %s at %s (request_id=%s): %s", what, type(exc).__name__, where,
+              REQUEST_ID.get(), text)  # fmt: skip
+    log.debug("traceback of the error above", exc_info=exc)
+
+
+def unexpected_error_response(exc: BaseException, method: str, path: str) -> JSONResponse:
+    """The 500 answer for an exception nothing else handled (logged once, compactly)."""
+    log_unexpected(exc, f"unexpected error on {method} {path}")
+    return error_response(
+        InternalError("internal error; the server log has the details under this request_id"),
+        REQUEST_ID.get(),
+    )
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method of every documented route on this path (several routes may share it)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            methods.update(m.upper() for m in operations)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every exception to the common envelope (the one exception -> status place)."""
+    """Route known exceptions to the common envelope. Unknown ones are caught by the request
+    middleware (``unexpected_error_response``), which, unlike a handler for ``Exception``,
+    does not re-raise them into the server: the connection stays usable."""
 
     async def on_service_error(request: Request, exc: Exception) -> JSONResponse:
         error = translate(exc) or InternalError("unexpected error")
-        return error_response(error)
+        return error_response(error, _request_id(request))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(InvalidRequest(_validation_message(exc)))
+        return error_response(InvalidRequest(_validation_message(exc)), _request_id(request))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        cls = _BY_STATUS.get(exc.status_code)
-        message = str(exc.detail) if exc.detail else "HTTP error"
-        if cls is None:
-            body = error_body("http_error", message)
-            return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-        error = cls(message)
+        cls = _BY_STATUS.get(exc.status_code, BadRequest if exc.status_code < 500 else NotReady)
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail else cls.meaning
+        error = cls(detail) if cls is not Unauthorized else Unauthorized(detail)
         error.headers.update(exc.headers or {})
-        return error_response(error)
-
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(InternalError("internal error; see the server log"))
+        if exc.status_code == 405:  # every method of every route on this path
+            allowed = _allowed_methods(request)
+            if allowed:
+                error.headers["Allow"] = ", ".join(allowed)
+                error.message = f"{request.method} is not allowed here; use {', '.join(allowed)}"
+        elif exc.status_code == 404 and detail == "Not Found":
+            error.message = f"no route {request.method} {request.url.path[:200]}"
+        response = error_response(error, _request_id(request))
+        response.status_code = exc.status_code
+        return response
 
     for exc_type in (
         ServiceError, QueueFull, BatcherStopped, StoreProfileNotFound, StoreNoPreviousVersion,
@@ -262,4 +360,3 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)

@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 LogFormat = Literal["json", "text"]
-REQUEST_ID_SCOPE_KEY = "lad.request_id"
-"""Where the request-id middleware leaves the request's id in the ASGI scope."""
 
 request_log = logging.getLogger("lad.request")
 audit_log = logging.getLogger("lad.audit")

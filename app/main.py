@@ -16,7 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.api.docs import install_docs
 from app.api.main import api_router
-from app.api.request_id import RequestIdMiddleware
+from app.api.middleware import BodyGuardMiddleware, RequestIdMiddleware
+from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
@@ -32,7 +33,8 @@ API_DESCRIPTION = """Position-debiased multi-image retrieval with a multimodal L
 `POST /v1/retrieve` answers which of N images matches a text query, corrected for the
 model's position bias with attention-guided debiasing (AGD). A profile for (model,
 profile name, labels, N) must first be calibrated with `POST /v1/calibrate` (5 examples
-with known answers are enough). Every error is `{"error": {"code", "message"}}`."""
+with known answers are enough). Every error is `{"error": {"code", "message", "request_id"}}`;
+every response carries `X-Request-ID` (the one sent, or a generated one)."""
 
 
 def load_runner_from_settings(settings: Settings) -> RunnerLike:
@@ -85,10 +87,13 @@ def create_app(
     app.state.metrics = metrics
     app.state.service = None
     install_error_handlers(app)
+    # outermost last: request id (and the last-resort 500) > metrics > body guard > routes
+    app.add_middleware(BodyGuardMiddleware, settings=settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    app.add_middleware(RequestIdMiddleware)  # outermost: the id exists before anything logs
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(api_router)
     install_docs(app)
+    install_openapi(app, settings)
     for verb, path in ROUTE_ERRORS:
         metrics.expect_errors(path, verb, error_statuses((verb, path)))
     return app

@@ -343,7 +343,7 @@ class RequestMetricsMiddleware:
         started = time.perf_counter()
         quiet = scope.get("path") in QUIET_PATHS
         record = logs.RequestRecord(
-            request_id=scope.get(logs.REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
+            request_id=scope.get(errors.REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
         )
         error_body = bytearray()
 

@@ -7,20 +7,51 @@ in app.decode so their errors name the setting; the shapes checked here are fixe
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from app.engine.labels import SCHEMES
 from app.engine.methods import METHODS, Method
+from app.errors import ERRORS
+from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
 
 MAX_CALIBRATION_EXAMPLES = 64
 RECOMMENDED_CALIBRATION_EXAMPLES = 5
+MAX_VERSION = 2**31 - 1
 
-Labels = str | list[str]
 LABELS_DESCRIPTION = (
-    'label scheme ("digits", "upper", "lower", "roman", "words") or an explicit list of N labels'
+    'label scheme ("digits", "upper", "lower", "roman", "words") or an explicit list of N '
+    "distinct labels"
 )
+LABELS_JSON_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "enum": list(SCHEMES)},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 32},
+            "minItems": 2,
+            "maxItems": MAX_N,
+            "uniqueItems": True,
+        },
+    ],
+    "default": "digits",
+    "description": LABELS_DESCRIPTION,
+}
+"""What `labels` accepts (the limits are patched to the running settings in the OpenAPI
+document); the service checks it itself, so a bad value answers 422 invalid_labels."""
+
+Labels = Annotated[str | list[str], WithJsonSchema(LABELS_JSON_SCHEMA)]
+ImageList = Annotated[
+    list[str],
+    Field(
+        min_length=2,
+        max_length=MAX_N,
+        description="N >= 2 candidate images (at most LAD_MAX_IMAGES), each a "
+        "data:image/...;base64, URL or bare base64 of a JPEG, PNG, WebP, GIF or BMP",
+    ),
+]
 
 
 # Three 32 x 32 PNGs (a red circle, a green square, a blue triangle): the examples of the
@@ -69,11 +100,11 @@ class RetrieveRequest(RetrieveOptions):
 
     model_config = ConfigDict(json_schema_extra={"examples": [RETRIEVE_EXAMPLE]})
 
-    query: str = Field(min_length=1, description="the caption to match", examples=["a red star"])
-    images: list[str] = Field(
-        min_length=1,
-        description="N >= 2 candidate images, each a data:image/...;base64, URL or bare base64",
+    query: str = Field(
+        min_length=1, max_length=100_000, description="the caption to match (at most "
+        "LAD_MAX_QUERY_CHARS)", examples=["a red star"],
     )
+    images: ImageList
 
 
 class ProfileRef(BaseModel):
@@ -120,9 +151,11 @@ class RetrieveResponse(BaseModel):
 class CalibrationExample(_Strict):
     """One calibration example: a query, its N images and which one matches."""
 
-    query: str = Field(min_length=1, description="the caption of the matching image")
-    images: list[str] = Field(min_length=1, description="N images, same encodings as retrieve")
-    answer: int = Field(ge=0, description="0-based index of the matching image")
+    query: str = Field(
+        min_length=1, max_length=100_000, description="the caption of the matching image"
+    )
+    images: ImageList
+    answer: int = Field(ge=0, lt=MAX_N, description="0-based index of the matching image")
 
 
 class CalibrateRequest(_Strict):
@@ -226,22 +259,32 @@ class Health(BaseModel):
 
 
 class Readiness(BaseModel):
-    """Whether this replica can answer retrieval, and why not."""
+    """200 whenever the model can answer retrieve; ``status`` is ``degraded`` while the store
+    is unreachable (retrieval serves the cached profiles, admin routes answer 503)."""
 
-    ready: bool = Field(description="model loaded, worker running and store reachable")
+    ready: bool = Field(description="the model is loaded and its worker runs")
+    status: Literal["ok", "degraded", "not_ready"] = Field(
+        "ok", description="ok; degraded while the store is unreachable; not_ready"
+    )
     model: dict[str, object] = Field(
         description="loaded, worker_running, model_id, revision, dtype, device, "
         "attention_backend, layers"
     )
-    store: dict[str, object] = Field(description="the profile store's health (backend, ok...)")
+    store: dict[str, object] = Field(description="the profile store's health (backend, ...)")
     queue: dict[str, int] = Field(description="depth, max_queue, max_batch_size")
 
 
 class ErrorDetail(BaseModel):
     """What went wrong, for a program (code) and for a person (message)."""
 
-    code: str = Field(description="stable error code (the README's error table)")
-    message: str = Field(description="what happened and what to do")
+    code: Literal[tuple(cls.code for cls in ERRORS)] = Field(  # type: ignore[valid-type]
+        description="the stable cause (README: Limits and errors)"
+    )
+    message: str = Field(description="for a person: what happened and what to do; never parsed")
+    request_id: str | None = Field(
+        description="the X-Request-ID of the request (sent, or generated); the server log "
+        "has the details under it"
+    )
 
 
 class ErrorResponse(BaseModel):

@@ -79,9 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     from app.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    problem = settings.exposure_problem()
+    if problem is not None:
+        log.error("%s", problem)
+        return EXIT_BAD_SETTINGS
+    from app.api.server import return_large_buffers_to_the_os
     from app.main import create_app, load_runner_from_settings
     from app.models.loader import ModelLoadError
 
+    return_large_buffers_to_the_os()
     try:
         runner = load_runner_from_settings(settings)
     except ModelLoadError as exc:
@@ -127,13 +133,16 @@ class DrainingServer(uvicorn.Server):
 def serve(app: Any, settings: Settings, **options: Any) -> int:
     """Run ``app`` until a signal, then drain; 0 after a clean stop.
 
-    ``options`` are further ``uvicorn.Config`` arguments (timeouts, limits). Uvicorn's own
-    access log and logging config are off: ``app.logs`` writes the request lines.
+    The server's timeouts and connection limit come from ``app.api.server``; ``options``
+    override further ``uvicorn.Config`` arguments. Uvicorn's own access log and logging
+    config are off: ``app.logs`` writes the request lines.
     """
+    from app.api.server import uvicorn_options
+
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         log_config=None, access_log=False, timeout_graceful_shutdown=settings.drain_timeout_s,
-        **options,
+        **{**uvicorn_options(settings), **options},
     )  # fmt: skip
     server = DrainingServer(config, settings.drain_timeout_s)
     server.run()

@@ -7,12 +7,20 @@ Every field below is ``LAD_<FIELD NAME IN CAPITALS>``; e.g. ``LAD_MODEL``, ``LAD
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_STORE_URL = "var/profiles"
+MAX_N = 64
+"""The largest N any setting or route accepts (LAD_MAX_IMAGES is at most this)."""
+ALLOWED_IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+"""Pillow formats the decoder may be allowed to open; nothing else is ever tried."""
+DEFAULT_IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 """Embedded file store, relative to the working directory (``/app/var/profiles`` in the
 container). ``memory://`` keeps profiles in the process only; ``redis://host:port/db``
 shares them between replicas."""
@@ -61,11 +69,40 @@ class Settings(BaseSettings):
         "lad", min_length=1, description="Redis key prefix (several deployments in one Redis)"
     )
 
-    # --- input limits ---------------------------------------------------------------------
-    max_images: int = Field(12, ge=2, description="most candidate images per request")
+    # --- input limits (README "Limits and errors") ------------------------------------
+    max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1, description="encoded size per image")
-    max_image_pixels: int = Field(16_777_216, ge=1, description="width x height per image")
+    max_image_pixels: int = Field(
+        16_777_216, ge=1, description="width x height per image, read from its header "
+        "before decoding (the decompression-bomb guard)"
+    )
+    max_request_pixels: int = Field(
+        201_326_592, ge=1, description="decoded pixels per request, all images together, "
+        "after JPEG draft reduction (default: twelve 4096 x 4096 images)"
+    )
+    max_aspect_ratio: float = Field(
+        100.0, ge=1, lt=200, description="longest over shortest side of an image; beyond it "
+        "an image is refused (the image processors cannot take >= 200)"
+    )
+    image_formats: Annotated[list[str], NoDecode] = Field(
+        list(DEFAULT_IMAGE_FORMATS), description=f"accepted image formats, a subset of "
+        f"{', '.join(ALLOWED_IMAGE_FORMATS)}; anything else is refused with 415"
+    )
+    max_concurrent_decodes: int = Field(
+        2, ge=1, description="requests decoding images at once (bounds decode memory)"
+    )
     max_query_chars: int = Field(2000, ge=1, description="longest query / caption")
+    max_label_chars: int = Field(32, ge=1, description="longest single label")
+    max_label_tokens: int = Field(
+        256, ge=1, description="tokens of all N labels together, as the model tokenises them"
+    )
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="request body of /v1/retrieve, counted as it "
+        "arrives (chunked too)"
+    )
+    max_calibrate_body_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="request body of /v1/calibrate"
+    )
 
     # --- execution ------------------------------------------------------------------------
     max_batch_size: int = Field(8, ge=1, description="most requests per forward pass")
@@ -109,6 +146,20 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="`lad serve` bind address")
     port: int = Field(8000, ge=0, le=65535, description="`lad serve` port")
     log_level: str = Field("info", description="uvicorn / logging level")
+    allow_open_admin: bool = Field(
+        False, description="let `lad serve` bind a non-loopback address without "
+        "LAD_ADMIN_TOKEN (calibrate, delete and rollback then open to anyone who reaches it)"
+    )
+    read_timeout_s: float = Field(
+        30.0, gt=0, description="most seconds to receive a request body (then 408)"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="most seconds to receive a request's headers (then close)"
+    )
+    keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connection lifetime")
+    max_connections: int = Field(
+        256, ge=1, description="open connections + running requests before uvicorn answers 503"
+    )
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -138,10 +189,56 @@ class Settings(BaseSettings):
             raise ValueError("layers must be distinct non-negative decoder layer indices")
         return sorted(value)
 
+    @field_validator("image_formats", mode="before")
+    @classmethod
+    def _parse_formats(cls, value: Any) -> Any:
+        """Accept "JPEG,PNG" and a JSON list from the environment; names are upper-cased."""
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+        if isinstance(value, list | tuple):
+            value = [str(v).strip().upper() for v in value if str(v).strip()]
+        return value
+
+    @field_validator("image_formats")
+    @classmethod
+    def _check_formats(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(ALLOWED_IMAGE_FORMATS))
+        if unknown or not value:
+            raise ValueError(
+                f"image_formats must be a non-empty subset of {ALLOWED_IMAGE_FORMATS}; "
+                f"unknown: {unknown}"
+            )
+        return list(dict.fromkeys(value))
+
     @field_validator("retrieve_token", "admin_token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    def binds_loopback_only(self) -> bool:
+        """Whether `host` is a loopback address (only this machine can connect)."""
+        if self.host.strip("[]").lower() in LOOPBACK_HOSTS:
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:  # a host name other than localhost
+            return False
+
+    def exposure_problem(self) -> str | None:
+        """Why `lad serve` must not start with these settings (None: it may).
+
+        Calibrate, delete and rollback change what every client gets; without a token
+        they are open to anyone who can reach the port, so a non-loopback bind needs
+        LAD_ADMIN_TOKEN or the explicit opt-out LAD_ALLOW_OPEN_ADMIN=true.
+        """
+        if self.binds_loopback_only() or self.admin_token is not None or self.allow_open_admin:
+            return None
+        return (
+            f"refusing to listen on {self.host} without LAD_ADMIN_TOKEN: calibrate, delete and "
+            "rollback would be open to anyone who reaches this port. Set LAD_ADMIN_TOKEN, "
+            "bind 127.0.0.1, or set LAD_ALLOW_OPEN_ADMIN=true to accept that."
+        )
 
     def method_hyperparameters(self) -> dict[str, Any]:
         """The inference hyper-parameters recorded in every calibration profile."""

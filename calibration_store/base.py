@@ -8,7 +8,9 @@ Semantics shared by all backends:
   the backend; only admin operations (`versions`, `get_version`) may hit it.
 - `rollback` moves the current pointer to the newest kept version older than the
   current one (or to an explicit kept version); versions are not deleted by it.
-- `delete` removes every version of a key; a later `put` starts again at 1.
+- `delete` removes every version of a key; a later `put` continues after the highest
+  version ever allocated for it (a high-water mark survives delete), so a version number
+  never names two different calibrations.
 """
 
 from __future__ import annotations

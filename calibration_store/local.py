@@ -41,11 +41,23 @@ STORE_FORMAT = 1
 
 @dataclass(frozen=True)
 class _Entry:
-    """All kept versions of one key, the current pointer and the last allocated version."""
+    """All kept versions of one key, the current pointer and the last allocated version.
+
+    A deleted key keeps its entry without versions (``current`` 0): a tombstone holding the
+    high-water mark, so that versions stay strictly increasing across a delete.
+    """
 
     current: int
     last_version: int
     versions: dict[int, Profile] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return bool(self.versions)
+
+
+def _live(entry: _Entry | None) -> _Entry | None:
+    return entry if entry is not None and entry.live else None
 
 
 class MemoryProfileStore:
@@ -68,13 +80,13 @@ class MemoryProfileStore:
         """The authoritative entry for a mutation (the file store re-reads disk)."""
         return self._entries.get(key)
 
-    def _write(self, key: ProfileKey, entry: _Entry | None) -> None:
-        """Persist an entry (None = delete) before it becomes visible in memory."""
+    def _write(self, key: ProfileKey, entry: _Entry) -> None:
+        """Persist an entry (a tombstone too) before it becomes visible in memory."""
 
     # ------------------------------------------------------------- reads
     def get(self, key: ProfileKey) -> Profile | None:
         with self._lock:
-            entry = self._entries.get(key)
+            entry = _live(self._entries.get(key))
             return entry.versions[entry.current] if entry else None
 
     def versions(self, key: ProfileKey) -> list[int]:
@@ -89,7 +101,7 @@ class MemoryProfileStore:
 
     def list_keys(self, model_id: str | None = None) -> list[ProfileKey]:
         with self._lock:
-            return sorted_keys(self._entries, model_id)
+            return sorted_keys((k for k, e in self._entries.items() if e.live), model_id)
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
@@ -108,7 +120,7 @@ class MemoryProfileStore:
 
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
         with self._exclusive():
-            entry = self._fresh(key)
+            entry = _live(self._fresh(key))
             if entry is None:
                 raise ProfileNotFound(f"no profile {key}")
             if to_version is None:
@@ -127,23 +139,23 @@ class MemoryProfileStore:
         return target
 
     def delete(self, key: ProfileKey) -> bool:
+        """Remove every version; the tombstone keeps the high-water mark."""
         with self._exclusive():
-            if self._fresh(key) is None:
+            entry = _live(self._fresh(key))
+            if entry is None:
                 return False
-            self._commit(key, None)
+            self._commit(key, _Entry(current=0, last_version=entry.last_version))
         return True
 
-    def _commit(self, key: ProfileKey, entry: _Entry | None) -> None:
+    def _commit(self, key: ProfileKey, entry: _Entry) -> None:
         self._write(key, entry)
-        if entry is None:
-            self._entries.pop(key, None)
-        else:
-            self._entries[key] = entry
+        self._entries[key] = entry
 
     # -------------------------------------------------------------- misc
     def health(self) -> dict[str, Any]:
         with self._lock:
-            return {"backend": self.backend, "ok": True, "profiles": len(self._entries)}
+            live = sum(e.live for e in self._entries.values())
+            return {"backend": self.backend, "ok": True, "profiles": live}
 
     def close(self) -> None:
         """Nothing to release; present for the protocol."""
@@ -188,7 +200,8 @@ def _decode_entry(data: bytes) -> tuple[ProfileKey, _Entry]:
     versions = {p.version: p for p in map(Profile.from_dict, doc["versions"])}
     entry = _Entry(current=int(doc["current"]), last_version=int(doc["last_version"]),
                    versions=versions)
-    if entry.current not in versions or any(p.key != key for p in versions.values()):
+    consistent = entry.current in versions if versions else entry.current == 0
+    if not consistent or any(p.key != key for p in versions.values()):
         raise ValueError("document is inconsistent (current version missing or foreign key)")
     return key, entry
 
@@ -255,20 +268,17 @@ class FileProfileStore(MemoryProfileStore):
             raise StoreUnavailable(f"cannot read {path}: {exc}") from exc
         return _decode_entry(data)[1]
 
-    def _write(self, key: ProfileKey, entry: _Entry | None) -> None:
+    def _write(self, key: ProfileKey, entry: _Entry) -> None:
         path = self.root / _file_name(key)
         try:
-            if entry is None:
-                path.unlink(missing_ok=True)
-                _fsync_dir(self.root)
-            else:
-                atomic_write(path, _encode_entry(key, entry))
+            atomic_write(path, _encode_entry(key, entry))
         except OSError as exc:
             raise StoreUnavailable(f"cannot write {path}: {exc}") from exc
 
     def health(self) -> dict[str, Any]:
         with self._lock:
-            return {"backend": self.backend, "ok": True, "profiles": len(self._entries),
+            live = sum(e.live for e in self._entries.values())
+            return {"backend": self.backend, "ok": True, "profiles": live,
                     "path": str(self.root), "errors": list(self._errors)}
 
     def close(self) -> None:

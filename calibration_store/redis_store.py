@@ -4,17 +4,27 @@ Layout under a prefix P, with E = the URL-quoted key segments "model:name:labels
     P:profile:E:v{version}   the profile JSON (immutable once written)
     P:versions:E             sorted set of the kept versions
     P:current:E              hash {version, rev}: the pointer every replica serves
-    P:counter:E              version allocator (INCR)
+    P:counter:E              the last version allocated: the high-water mark (kept on delete)
     P:keys                   set of every E
     P:seq                    global change sequence; each change gets a fresh `rev`
 A change (put, rollback, delete) is one Lua script, so pointer swap, trimming to
-the last K versions and the pub/sub message on P:profiles:changed are atomic.
+the last K versions and the pub/sub message on P:profiles:changed are atomic. A put
+allocates its version inside that script (optimistically: it reads the counter, builds the
+document for counter + 1, and the script commits only if the counter is still there, else
+the put retries), so a put that fails or times out never burns a version, and a delete
+between a put's read and its commit cannot make versions restart: the counter survives
+delete and versions of a key only ever increase.
 
 Each replica serves `get` from an in-memory copy kept fresh three ways, because
 pub/sub drops messages while a subscriber is disconnected: a listener thread
 reloads a key when its message arrives; every (re)subscription triggers a full
 re-read; and a periodic poll re-reads everything. A cached entry is replaced only
 by one with a newer-or-equal `rev`, so a slow reload never undoes a newer change.
+
+Degraded, not down: when Redis cannot be reached at start-up the store still opens (empty
+copy, reported not ok) and the listener keeps reconnecting in the background; while Redis
+is away `get` serves the copy and every call that needs Redis fails fast (no client-side
+retries, `socket_timeout`) with StoreUnavailable.
 """
 
 from __future__ import annotations
@@ -25,11 +35,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
@@ -40,84 +53,11 @@ from calibration_store.base import (
     sorted_keys,
 )
 from calibration_store.profile import Profile, ProfileKey
+from calibration_store.redis_scripts import COMMIT, DELETE, ROLLBACK, SNAPSHOT
 
 log = logging.getLogger(__name__)
 
-_COMMIT = """
-local v = tonumber(ARGV[2])
-redis.call('SET', KEYS[5], ARGV[3])
-local newest = redis.call('ZREVRANGE', KEYS[4], 0, 0)
-redis.call('ZADD', KEYS[4], v, v)
-redis.call('SADD', KEYS[2], ARGV[1])
-local rev = redis.call('INCR', KEYS[1])
-local cur = tonumber(redis.call('HGET', KEYS[3], 'version') or '0')
-if cur == 0 or newest[1] == nil or tonumber(newest[1]) < v then
-  cur = v
-end
-redis.call('HSET', KEYS[3], 'version', cur, 'rev', rev)
-local keep = tonumber(ARGV[4])
-local n = redis.call('ZCARD', KEYS[4])
-if n > keep then
-  for _, old in ipairs(redis.call('ZRANGE', KEYS[4], 0, n - keep - 1)) do
-    if tonumber(old) ~= cur then
-      redis.call('ZREM', KEYS[4], old)
-      redis.call('DEL', ARGV[5] .. old)
-    end
-  end
-end
-redis.call('PUBLISH', ARGV[6], cjson.encode({op='put', key=ARGV[1], rev=rev, origin=ARGV[7]}))
-return {v, rev, cur}
-"""
-
-_ROLLBACK = """
-local cur = redis.call('HGET', KEYS[2], 'version')
-if not cur then return {-1, 0} end
-cur = tonumber(cur)
-local target = tonumber(ARGV[2])
-if target == 0 then
-  local prev = redis.call('ZREVRANGEBYSCORE', KEYS[3], '(' .. cur, '-inf', 'LIMIT', 0, 1)
-  if prev[1] == nil then return {-2, cur} end
-  target = tonumber(prev[1])
-elseif not redis.call('ZSCORE', KEYS[3], target) then
-  return {-3, cur}
-end
-local rev = redis.call('INCR', KEYS[1])
-redis.call('HSET', KEYS[2], 'version', target, 'rev', rev)
-redis.call('PUBLISH', ARGV[3], cjson.encode({op='rollback', key=ARGV[1], rev=rev, origin=ARGV[4]}))
-return {target, rev}
-"""
-
-_DELETE = """
-local existed = redis.call('SREM', KEYS[2], ARGV[1]) + redis.call('EXISTS', KEYS[3])
-for _, v in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-  redis.call('DEL', ARGV[2] .. v)
-end
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
-if existed == 0 then return {0, 0} end
-local rev = redis.call('INCR', KEYS[1])
-redis.call('PUBLISH', ARGV[3], cjson.encode({op='delete', key=ARGV[1], rev=rev, origin=ARGV[4]}))
-return {1, rev}
-"""
-
-# Atomic read of the current profile of the given encoded keys (all keys when none given):
-# returns {seq, E1, rev1, json1, E2, ...}; keys without a current profile are left out.
-_SNAPSHOT = """
-local out = {redis.call('GET', KEYS[1]) or '0'}
-local p = ARGV[1]
-local keys = {}
-if #ARGV == 1 then keys = redis.call('SMEMBERS', KEYS[2]) else keys = {unpack(ARGV, 2)} end
-for _, e in ipairs(keys) do
-  local h = redis.call('HMGET', p .. ':current:' .. e, 'version', 'rev')
-  if h[1] then
-    local doc = redis.call('GET', p .. ':profile:' .. e .. ':v' .. h[1])
-    if doc then
-      table.insert(out, e); table.insert(out, h[2]); table.insert(out, doc)
-    end
-  end
-end
-return out
-"""
-
+_PUT_ATTEMPTS = 20
 
 def encode_key(key: ProfileKey) -> str:
     """model:name:labels:n with every segment quoted, so ':' inside a segment stays unambiguous."""
@@ -158,12 +98,13 @@ class RedisProfileStore:
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             health_check_interval=30,
+            retry=Retry(NoBackoff(), 0),  # fail fast: the caller answers 503, not a stall
             client_name=f"lad-store-{self.instance_id}",
         )
-        self._commit = self._client.register_script(_COMMIT)
-        self._rollback = self._client.register_script(_ROLLBACK)
-        self._delete = self._client.register_script(_DELETE)
-        self._snapshot = self._client.register_script(_SNAPSHOT)
+        self._commit = self._client.register_script(COMMIT)
+        self._rollback = self._client.register_script(ROLLBACK)
+        self._delete = self._client.register_script(DELETE)
+        self._snapshot = self._client.register_script(SNAPSHOT)
         self._cache: dict[ProfileKey, Profile] = {}
         self._revs: dict[ProfileKey, int] = {}
         self._lock = threading.RLock()
@@ -174,7 +115,11 @@ class RedisProfileStore:
         self.subscriptions = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.sync()  # fail fast at start-up when Redis is unreachable
+        try:
+            self.sync()
+        except StoreUnavailable as exc:  # start degraded; the listener keeps reconnecting
+            log.warning("profile store: Redis is unreachable at start-up (%s); serving an "
+                        "empty copy and reconnecting in the background", exc)
         if listen:
             self.start_listener()
 
@@ -186,6 +131,7 @@ class RedisProfileStore:
         try:
             return fn()
         except RedisError as exc:
+            self._connected = False
             self._last_error = f"{what}: {exc}"
             raise StoreUnavailable(f"redis {what} failed: {exc}") from exc
 
@@ -256,19 +202,26 @@ class RedisProfileStore:
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
+        """Store a new version: counter + 1, allocated and committed in one script."""
         enc = encode_key(profile.key)
-        version = int(self._call("put", lambda: self._client.incr(self._k("counter", enc))))
-        stored = profile.stored_as(version)
-        keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
-                self._k("versions", enc), self._k("profile", f"{enc}:v{version}")]
-        args = [enc, version, stored.to_json(), self.keep_versions,
-                self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
-        _, rev, current = self._call("put", lambda: self._commit(keys=keys, args=args))
-        if int(current) == version:
-            self._apply(profile.key, int(rev), stored)
-        else:  # a concurrent, newer put won the pointer; serve whatever is current now
-            self._call("put", lambda: self._load([enc]))
-        return stored
+        counter = self._k("counter", enc)
+        for _ in range(_PUT_ATTEMPTS):
+            last = int(self._call("put", lambda: self._client.get(counter)) or 0)
+            version = last + 1
+            stored = profile.stored_as(version)
+            keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
+                    self._k("versions", enc), self._k("profile", f"{enc}:v{version}"), counter]
+            args = [enc, version, stored.to_json(), self.keep_versions,
+                    self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
+            v, rev, current = self._call("put", partial(self._commit, keys=keys, args=args))
+            if int(v) == -1:  # another put took this version first: read the counter again
+                continue
+            if int(current) == version:
+                self._apply(profile.key, int(rev), stored)
+            else:  # a concurrent, newer put won the pointer; serve whatever is current now
+                self._call("put", lambda: self._load([enc]))
+            return stored
+        raise StoreUnavailable(f"{profile.key}: {_PUT_ATTEMPTS} concurrent puts kept winning")
 
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
         enc = encode_key(key)
@@ -291,7 +244,7 @@ class RedisProfileStore:
     def delete(self, key: ProfileKey) -> bool:
         enc = encode_key(key)
         keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
-                self._k("versions", enc), self._k("counter", enc)]
+                self._k("versions", enc)]
         args = [enc, self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
         existed, rev = self._call("delete", lambda: self._delete(keys=keys, args=args))
         if existed:

@@ -12,40 +12,39 @@ from app.schemas import ErrorResponse
 
 Route = tuple[str, str]  # (HTTP verb, route template)
 
-ANY = (errors.InternalError,)
-"""What any route may answer: an unexpected failure."""
-MODEL = (*ANY, errors.NotReady)
-"""Routes that need the loaded model and its worker."""
-JSON_BODY = (errors.InvalidRequest, errors.PayloadTooLarge)
-"""Routes that read a JSON body."""
-ANY_BODY = (*JSON_BODY, errors.BadRequest, errors.UnsupportedMediaType)
-"""Routes that read a JSON or a multipart body."""
-IMAGES = (errors.InvalidImage, errors.ImageTooLarge, errors.TooManyImages,
-          errors.TooFewImages, errors.InvalidQuery, errors.InvalidLabels)  # fmt: skip
+ANY = (errors.BadRequest, errors.RequestTimeout, errors.PayloadTooLarge, errors.InternalError)
+"""What any route may answer: a malformed request, a body over the route's limit or too
+slow (the body guard), an unexpected failure."""
+MODEL = (*ANY, errors.InvalidRequest, errors.NotReady)
+"""Routes that need the loaded model and its worker (they also validate parameters)."""
+BODY = (errors.UnsupportedMediaType,)
+"""Routes that read a body of a given content type."""
+IMAGES = (errors.InvalidImage, errors.UnsupportedImageFormat, errors.UnsupportedImage,
+          errors.ImageTooLarge, errors.TooManyImages, errors.TooFewImages, errors.InvalidQuery,
+          errors.InvalidLabels)  # fmt: skip
 """Routes that decode a query and candidate images."""
 AUTH = (errors.Unauthorized, errors.Forbidden)
-PROFILE_KEY = (errors.InvalidRequest, errors.InvalidLabels, errors.ProfileNotFound)
+ADMIN = (*AUTH, errors.StoreUnavailable)
+"""Admin routes: a token, and the store behind them."""
+PROFILE_KEY = (errors.InvalidLabels, errors.ProfileNotFound)
 """Routes addressed to one stored profile (name, labels, N)."""
 
 ROUTE_ERRORS: dict[Route, tuple[type[errors.ServiceError], ...]] = {
     ("POST", "/v1/retrieve"): (
-        *MODEL, *ANY_BODY, *IMAGES, *AUTH, errors.CalibrationRequired, errors.ProfileMismatch,
+        *MODEL, *BODY, *IMAGES, *AUTH, errors.CalibrationRequired, errors.ProfileMismatch,
         errors.Overloaded, errors.EngineFailure,
     ),
     ("POST", "/v1/calibrate"): (
-        *MODEL, *JSON_BODY, *IMAGES, *AUTH, errors.InvalidCalibration, errors.StoreUnavailable,
-        errors.EngineFailure,
+        *MODEL, *BODY, *IMAGES, *ADMIN, errors.InvalidCalibration, errors.EngineFailure,
     ),
     ("GET", "/v1/profiles"): (*MODEL, errors.StoreUnavailable),
-    ("GET", "/v1/profiles/{name}"): (
-        *MODEL, errors.InvalidRequest, errors.ProfileNotFound, errors.StoreUnavailable,
-    ),
-    ("DELETE", "/v1/profiles/{name}"): (*MODEL, *PROFILE_KEY, *AUTH, errors.StoreUnavailable),
+    ("GET", "/v1/profiles/{name}"): (*MODEL, errors.ProfileNotFound, errors.StoreUnavailable),
+    ("DELETE", "/v1/profiles/{name}"): (*MODEL, *PROFILE_KEY, *ADMIN),
     ("POST", "/v1/profiles/{name}/rollback"): (
-        *MODEL, *PROFILE_KEY, *AUTH, errors.NoPreviousVersion, errors.StoreUnavailable,
+        *MODEL, *PROFILE_KEY, *ADMIN, errors.NoPreviousVersion,
     ),
     ("GET", "/healthz"): ANY,
-    ("GET", "/readyz"): ANY,
+    ("GET", "/readyz"): (*ANY, errors.NotReady),
     ("GET", "/metrics"): ANY,
 }
 
@@ -56,19 +55,16 @@ def _unique(classes: Iterable[type[errors.ServiceError]]) -> list[type[errors.Se
 
 def error_statuses(route: Route) -> list[int]:
     """The HTTP statuses of the errors ``route`` can answer, ascending."""
-    return sorted({errors.HTTP_STATUS[cls] for cls in ROUTE_ERRORS[route]})
+    return sorted({cls.status for cls in ROUTE_ERRORS[route]})
 
 
 def error_responses(verb: str, path: str) -> dict[int | str, dict[str, Any]]:
     """FastAPI ``responses=`` for a route: per status, the error envelope and its codes."""
     by_status: dict[int, list[type[errors.ServiceError]]] = {}
     for cls in _unique(ROUTE_ERRORS[(verb, path)]):
-        by_status.setdefault(errors.HTTP_STATUS[cls], []).append(cls)
+        by_status.setdefault(cls.status, []).append(cls)
     responses: dict[int | str, dict[str, Any]] = {}
     for status, classes in sorted(by_status.items()):
-        codes = "; ".join(
-            f"`{cls.code}`" + (f": {cls.meaning}" if getattr(cls, "meaning", "") else "")
-            for cls in classes
-        )
+        codes = "; ".join(f"`{cls.code}`: {cls.meaning}" for cls in classes)
         responses[status] = {"model": ErrorResponse, "description": f"error codes: {codes}"}
     return responses

@@ -66,6 +66,11 @@ class FamilyAdapter(Protocol):
         """The processor call on a batch, padded on the LEFT so the last token is t_q."""
         ...
 
+    def image_pixel_budget(self) -> int | None:
+        """Most pixels of one image the processor uses (None: unknown); decode shrinks
+        larger images to this before the processor sees them."""
+        ...
+
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         """R_k of one (padded) row: ``n_images`` half-open token ranges, delimiters included."""
         ...

@@ -18,7 +18,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -29,12 +29,15 @@ _STOP = object()
 
 
 class QueueFull(Exception):
-    """The bounded queue is full: the caller should retry after `retry_after_s` seconds."""
+    """The bounded queue has no room for `needed` items: retry after `retry_after_s` seconds."""
 
-    def __init__(self, depth: int, retry_after_s: int) -> None:
-        super().__init__(f"queue full ({depth} waiting); retry after {retry_after_s} s")
+    def __init__(self, depth: int, retry_after_s: int, needed: int = 1) -> None:
+        super().__init__(
+            f"queue full ({depth} waiting, {needed} needed); retry after {retry_after_s} s"
+        )
         self.depth = depth
         self.retry_after_s = retry_after_s
+        self.needed = needed
 
 
 class BatcherStopped(Exception):
@@ -121,10 +124,33 @@ class Batcher(Generic[T, R]):
 
     # ------------------------------------------------------------------ submit
 
-    def retry_after_s(self) -> int:
-        """Seconds until the queue has likely drained (at least 1)."""
-        batches = math.ceil((self.depth + 1) / self.max_batch_size)
+    def retry_after_s(self, needed: int = 1, depth: int | None = None) -> int:
+        """Seconds until the queue has likely room for `needed` items: the batches ahead
+        (queued items + the one running) times the measured mean batch time; at least 1."""
+        depth = self.depth if depth is None else depth
+        batches = math.ceil((depth + needed) / self.max_batch_size) + 1
         return max(1, math.ceil(batches * self._mean_batch_s))
+
+    def submit_many(self, items: Sequence[T]) -> list[asyncio.Future]:
+        """Admit all `items` or none: queue them in one step when there is room for all
+        (or the queue is empty), else raise QueueFull. Returns one future per item; the
+        caller awaits them and cancels the rest when one fails (a cancelled item is skipped
+        by the worker, so a refused or abandoned request costs no forward pass)."""
+        if not self.running:
+            raise BatcherStopped("the batcher is not running")
+        loop = asyncio.get_running_loop()
+        pending = [_Pending(item=it, future=loop.create_future(), loop=loop) for it in items]
+        q = self._queue
+        with q.not_full:  # the queue's own lock: no put or get interleaves
+            depth = q._qsize()
+            if depth and depth + len(pending) > self.max_queue:
+                retry = self.retry_after_s(len(pending), depth)
+                raise QueueFull(depth, retry, len(pending))
+            for p in pending:
+                q._put(p)
+                q.unfinished_tasks += 1
+            q.not_empty.notify(len(pending))
+        return [p.future for p in pending]
 
     async def submit(self, item: T, *, wait_for_room: bool = False) -> R:
         """Queue `item` and wait for its result.

@@ -67,3 +67,11 @@ class RunnerLike(Protocol):
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         """The engine configuration a profile for (labels, N) is valid for."""
         ...
+
+    def special_tokens(self) -> tuple[str, ...]:
+        """Token strings user text must not contain (the tokenizer's special tokens)."""
+        ...
+
+    def image_pixel_budget(self) -> int | None:
+        """Most pixels of one image the model's processor uses (None: unknown)."""
+        ...

@@ -44,6 +44,8 @@ from app.engine.prompts import prompt_hash, prompt_text
 from app.engine.trie import LabelTrie, StepFn, score_label_tries
 from calibration_store.profile import Fingerprint
 
+TRIE_CACHE_SIZE = 256
+
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
     """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched)."""
@@ -193,12 +195,30 @@ class Runner:
         ]
 
     def label_trie(self, labels: Sequence[str]) -> LabelTrie:
+        """The labels' token trie, cached (the last TRIE_CACHE_SIZE label lists: custom
+        labels come from clients, so the cache must not grow without bound)."""
         key = tuple(labels)
-        if key not in self._tries:
-            self._tries[key] = LabelTrie.from_labels(
-                self.adapter.tokenizer, key, self.adapter.end_token_id()
-            )
-        return self._tries[key]
+        trie = self._tries.pop(key, None)
+        if trie is None:
+            trie = LabelTrie.from_labels(self.adapter.tokenizer, key, self.adapter.end_token_id())
+        self._tries[key] = trie  # most recently used last
+        while len(self._tries) > TRIE_CACHE_SIZE:
+            self._tries.pop(next(iter(self._tries)), None)
+        return trie
+
+    def special_tokens(self) -> tuple[str, ...]:
+        """The tokenizer's special and added control tokens (e.g. ``<|image_pad|>``): user
+        text holding one would be read as that token, not as words."""
+        tokenizer = self.adapter.tokenizer
+        found = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+        for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+            if getattr(token, "special", False):
+                found.add(str(token))
+        return tuple(sorted(t for t in found if t))
+
+    def image_pixel_budget(self) -> int | None:
+        """Most pixels of one image the model's processor uses (None: unknown)."""
+        return self.adapter.image_pixel_budget()
 
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         resolve_labels(labels, n)  # same validation as forward

@@ -135,6 +135,20 @@ class HFAdapter:
         flat = [img.convert("RGB") for row in images for img in row]
         return flat or None
 
+    def image_pixel_budget(self) -> int | None:
+        """Most pixels of one image the processor uses: its fixed ``height x width`` times the
+        tiles it may cut (``max_patches`` when it crops to patches); None when it says
+        neither. Families with another rule (Qwen's pixel range) override this."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        size = getattr(image_processor, "size", None)
+        height, width = size_field(size, "height"), size_field(size, "width")
+        if not height or not width:
+            return None
+        tiles = 1
+        if getattr(image_processor, "crop_to_patches", False):
+            tiles = max(1, int(getattr(image_processor, "max_patches", 1) or 1))
+        return int(height) * int(width) * tiles
+
     # ---- structure ----------------------------------------------------------------
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         """R_k for one row: ``n_images`` half-open token ranges, delimiters included.
@@ -216,6 +230,13 @@ class HFAdapter:
     def vision_attn_implementation(self) -> str | None:
         vision = getattr(self.config, self.vision_config_key, None)
         return getattr(vision, "_attn_implementation", None)
+
+
+def size_field(size: Any, key: str) -> Any:
+    """One field of an image processor's ``size`` (a dict or transformers' SizeDict)."""
+    if size is None:
+        return None
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
 def without_video_processor(processor_cls: type, name: str, module: str) -> type:

@@ -19,7 +19,7 @@ from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 from transformers.image_utils import SizeDict
 
 from app.engine.adapter import PromptBatch
-from app.models.base import HFAdapter, without_video_processor
+from app.models.base import HFAdapter, size_field, without_video_processor
 from app.models.registry import register
 
 Qwen2VLProcessorNoVideo = without_video_processor(
@@ -71,6 +71,15 @@ class Qwen2VLAdapter(HFAdapter):
                 f"found {len(starts)} and {len(ends)}"
             )
         return list(zip(starts, ends, strict=True))
+
+    def image_pixel_budget(self) -> int | None:
+        """The processor's max_pixels (transformers 5 keeps it as ``size["longest_edge"]``,
+        an area, beside the older ``max_pixels`` attribute)."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        budget = getattr(image_processor, "max_pixels", None) or size_field(
+            getattr(image_processor, "size", None), "longest_edge"
+        )
+        return int(budget) if budget else None
 
     def prompt_kwargs(self, batch: PromptBatch) -> dict:
         # mrope positions come from the model's own get_rope_index (mask-aware)

@@ -17,7 +17,7 @@ from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.decode import ImageInput, check_candidates, check_query, decode_image
+from app.decode import Decoder, ImageInput
 from app.engine import debias
 from app.engine.calibrate import (
     calibration_instances,
@@ -41,6 +41,9 @@ from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
 from calibration_store import Profile, ProfileStore
 
+_PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s")
+"""What /readyz shows of the store's health (never paths or error strings: those are logged)."""
+
 
 def _ms(since: float) -> float:
     return (time.perf_counter() - since) * 1e3
@@ -57,6 +60,10 @@ class Service:
         self.store = store
         self.metrics = metrics
         self.worker = ModelWorker(runner, settings, metrics)
+        self.decoder = Decoder(
+            settings, pixel_budget=runner.image_pixel_budget(),
+            special_tokens=runner.special_tokens(),
+        )  # fmt: skip
         self.profiles = ProfileService(runner, store, metrics)
         self.method_config = MethodConfig(
             top_k=settings.top_k, tau=settings.tau,
@@ -82,15 +89,22 @@ class Service:
         self.worker.start()
 
     async def readiness(self) -> Readiness:
-        """Ready when the worker runs and the store reports ok (its health, off the loop)."""
+        """Ready = can answer retrieve: the model is loaded and its worker runs. The store
+        is reported beside it (``degraded`` when unreachable: retrieval serves the profiles
+        already cached, admin routes answer 503), without paths or error strings."""
         try:
-            store = await run_in_threadpool(self.store.health)
-        except Exception:  # a store that cannot even report is not ready
+            health = await run_in_threadpool(self.store.health)
+        except Exception:  # a store that cannot even report is degraded, not fatal
             self.metrics.store_errors.labels(operation="health").inc()
-            store = {"ok": False, "error": "the store could not report its health"}
+            health = {"ok": False}
         batcher = self.worker.batcher
+        store = {k: health[k] for k in _PUBLIC_STORE_HEALTH if k in health}
+        store["status"] = "ok" if health.get("ok", False) else "degraded"
+        if health.get("errors"):
+            store["unreadable_profiles"] = len(health["errors"])
         return Readiness(
-            ready=batcher.running and bool(store.get("ok", False)),
+            ready=batcher.running,
+            status="ok" if batcher.running and store["status"] == "ok" else "degraded",
             model={"loaded": True, "worker_running": batcher.running, **self.model_info()},
             store=store,
             queue={"depth": batcher.depth, "max_queue": batcher.max_queue,
@@ -101,17 +115,15 @@ class Service:
         self.worker.stop()
 
     # -------------------------------------------------------------------- decode stage
-    def decode_images(self, images: Sequence[ImageInput], where: str) -> list[Image.Image]:
-        """The decode stage (called off the event loop)."""
-        return [decode_image(img, f"{where}[{i}]", self.settings) for i, img in enumerate(images)]
-
     def check_labels(self, n: int, labels: LabelSpec, where: str) -> list[str]:
-        """N within limits and labels the model can score (checked before the queue)."""
-        strings = check_candidates(n, labels, self.settings, where)
+        """N within limits and labels the model can score, within the label limits
+        (checked before the queue)."""
+        strings = self.decoder.candidates(n, labels, where)
         try:
-            self.runner.label_trie(strings)  # tokenises the labels; cached by the runner
+            trie = self.runner.label_trie(strings)  # tokenises the labels; cached by the runner
         except ValueError as exc:
             raise errors.InvalidLabels(f"these labels cannot be scored: {exc}") from None
+        self.decoder.check_label_tokens([len(seq) for seq in trie.token_sequences])
         return strings
 
     def _uncalibrated(self, profile: str, labels: LabelSpec, n: int) -> errors.ServiceError:
@@ -126,14 +138,14 @@ class Service:
     def _prepare(
         self, images: Sequence[ImageInput], method: str, profile: str, labels: LabelSpec
     ) -> tuple[list[Image.Image], Profile | None]:
-        """Off the event loop: the decoded images and the profile the method needs."""
-        pil = self.decode_images(images, "images")
-        if method not in NEEDS_CALIBRATION:
-            return pil, None
-        stored = self.profiles.current(profile, labels, len(images))
-        if stored is None and not self.settings.fallback_to_vanilla:
-            raise self._uncalibrated(profile, labels, len(images))
-        return pil, stored
+        """Off the event loop: the profile the method needs (looked up first, so a request
+        that will be refused decodes nothing), then the decoded images."""
+        stored = None
+        if method in NEEDS_CALIBRATION:
+            stored = self.profiles.current(profile, labels, len(images))
+            if stored is None and not self.settings.fallback_to_vanilla:
+                raise self._uncalibrated(profile, labels, len(images))
+        return self.decoder.images(images, "images"), stored
 
     # -------------------------------------------------------------------- retrieve
     async def retrieve(
@@ -151,9 +163,10 @@ class Service:
         n = len(images)
         logs.note(method=method, requested_method=method, n=n, profile=profile,
                   labels=spec if isinstance(spec, str) else "custom")
-        check_query(query, self.settings)
-        label_strings = self.check_labels(len(images), spec, "images")
-        pil, stored = await run_in_threadpool(self._prepare, images, method, profile, spec)
+        self.decoder.query(query)
+        label_strings = self.check_labels(n, spec, "images")
+        async with self.decoder.slot():
+            pil, stored = await run_in_threadpool(self._prepare, images, method, profile, spec)
         fallback_for = None
         if method in NEEDS_CALIBRATION and stored is None:
             # the operator's fallback (LAD_FALLBACK_TO_VANILLA): counted as such, not hidden
@@ -257,7 +270,7 @@ class Service:
         n = sizes.pop()
         self.check_labels(n, labels, "examples[*].images")
         for m, ex in enumerate(request.examples):
-            check_query(ex.query, self.settings, where=f"examples[{m}].query")
+            self.decoder.query(ex.query, where=f"examples[{m}].query")
             if ex.answer >= n:
                 raise errors.InvalidCalibration(
                     f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < N={n}"
@@ -270,12 +283,13 @@ class Service:
         n = self._check_examples(request, spec)
         fingerprint = self.profiles.fingerprint(spec, n)
         logs.note(n=n, labels=fingerprint.label_scheme)
-        decoded = await run_in_threadpool(
-            lambda: [
-                self.decode_images(ex.images, f"examples[{m}].images")
-                for m, ex in enumerate(request.examples)
-            ]
-        )
+        async with self.decoder.slot():
+            decoded = await run_in_threadpool(
+                lambda: [
+                    self.decoder.images(ex.images, f"examples[{m}].images")
+                    for m, ex in enumerate(request.examples)
+                ]
+            )
         instances, gt = calibration_instances(
             [(ex.query, pil, ex.answer) for ex, pil in zip(request.examples, decoded, strict=True)]
         )

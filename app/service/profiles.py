@@ -28,6 +28,7 @@ from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, St
 from calibration_store import StoreUnavailable as StoreDown
 
 V = TypeVar("V")
+FINGERPRINT_CACHE_SIZE = 512
 
 
 def calibration_of(profile: Profile) -> Calibration:
@@ -53,9 +54,12 @@ class ProfileService:
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         """The engine fingerprint for (labels, N), cached (it hashes the chat template)."""
         key = (labels, n)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = self.runner.fingerprint(labels, n)
-        return self._fingerprints[key]
+        found = self._fingerprints.get(key)
+        if found is None:
+            if len(self._fingerprints) >= FINGERPRINT_CACHE_SIZE:  # custom labels vary freely
+                self._fingerprints.pop(next(iter(self._fingerprints)))
+            found = self._fingerprints[key] = self.runner.fingerprint(labels, n)
+        return found
 
     def key(self, name: str, scheme: str, n: int) -> ProfileKey:
         return ProfileKey(model_id=self.model_id, name=name, label_scheme=scheme, n=n)
@@ -163,9 +167,10 @@ class ProfileService:
         """The store key of a (name, labels text, N) given on a profile route."""
         try:
             scheme = stored_scheme(parse_labels(labels))
-        except ValueError as exc:
-            raise errors.InvalidLabels(str(exc)) from None
-        return self.key(name, scheme, n)
+            return self.key(name, scheme, n)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+            raise errors.InvalidLabels(f"labels {labels[:80]!r} name no profile key: "
+                                       f"{str(exc).splitlines()[0][:200]}") from None
 
     async def delete(self, name: str, labels: str, n: int) -> ProfileDeleted:
         key = self.stored_key(name, labels, n)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,8 +21,6 @@ from app.engine.labels import LabelSpec
 from app.metrics import Metrics
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,29 +99,47 @@ class ModelWorker:
         return [r for r in results if r is not None]
 
     async def run(self, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:
-        """Queue works and wait for all of them (429 only if the first finds the queue full).
+        """Queue works and wait for all of them.
 
-        Bulk work (calibration) goes in waves of one batch, so that it leaves room for
-        retrieval traffic. A failure inside the model becomes ``EngineFailure``.
+        A request's works are admitted all or none (429 when the queue has no room for all
+        of them), and when one fails the rest are cancelled, so a refused request costs no
+        forward pass. Bulk work (calibration) goes in waves of one batch that wait for room,
+        so that it leaves room for retrieval traffic. A failure inside the model becomes
+        ``EngineFailure`` (details in the log, not in the answer).
         """
-        submit = self.batcher.submit
         try:
             if not bulk:
-                return list(
-                    await asyncio.gather(
-                        *(submit(w, wait_for_room=i > 0) for i, w in enumerate(works))
-                    )
-                )
+                return await _gather(self.batcher.submit_many(works))
             out: list[WorkResult] = []
             wave = self.batcher.max_batch_size
             for start in range(0, len(works), wave):
-                chunk = works[start : start + wave]
-                out += await asyncio.gather(*(submit(w, wait_for_room=True) for w in chunk))
+                out += await _gather(await self._admit(works[start : start + wave]))
             return out
         except (QueueFull, BatcherStopped, errors.ServiceError):
             raise
         except Exception as exc:
-            log.exception("the model failed on a request")
+            errors.log_unexpected(exc, "the model failed on a request")
             raise errors.EngineFailure(
-                f"the model failed on this request ({type(exc).__name__}: {exc})"
+                "the model failed on this request; the server log has the details under "
+                "this request_id"
             ) from exc
+
+    async def _admit(self, works: Sequence[Work]) -> list[asyncio.Future]:
+        """Admit a wave all at once, waiting (with backoff) until the queue has room."""
+        delay = 0.001
+        while True:
+            try:
+                return self.batcher.submit_many(works)
+            except QueueFull:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+
+async def _gather(futures: list[asyncio.Future]) -> list[WorkResult]:
+    """All results in order; on the first failure (or cancellation) cancel the others."""
+    try:
+        return list(await asyncio.gather(*futures))
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise

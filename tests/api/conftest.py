@@ -70,3 +70,56 @@ def make_client(runner: Any) -> Iterator[AppFactory]:
 @pytest.fixture
 def client(make_client: AppFactory) -> TestClient:
     return make_client()
+
+
+class LiveServer:
+    """`lad serve`'s uvicorn (same protocol class and options) in a thread, on a free port."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from app.api.server import uvicorn_options
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        options = {**uvicorn_options(settings), "log_level": "warning"}
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+        self.thread.start()
+        import time
+
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "server never started"
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+
+@pytest.fixture
+def live_server(runner: Any) -> Iterator[Callable[..., LiveServer]]:
+    """`live_server(runner_override=..., **settings)` -> a running LiveServer (stopped after)."""
+    started: list[LiveServer] = []
+
+    def factory(*, runner_override: Any = None, **overrides: Any) -> LiveServer:
+        settings = Settings(_env_file=None, **{"store_url": "memory://", **overrides})
+        app = create_app(settings, runner=runner_override or runner, store=open_store("memory://"))
+        server = LiveServer(app, settings)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()

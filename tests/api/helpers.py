@@ -72,6 +72,7 @@ class GatedRunner:
         self.inner = inner
         self.gate = threading.Event()
         self.entered = threading.Event()
+        self.items_run = 0  # forward passes (instances) that reached the model
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -80,6 +81,7 @@ class GatedRunner:
         self.entered.set()
         if not self.gate.wait(30):
             raise TimeoutError("gate never opened")
+        self.items_run += len(items)
         return self.inner.forward(items, labels=labels)
 
 

@@ -84,3 +84,32 @@ def test_full_queue_answers_429_with_retry_after(make_client, runner, items):
     assert client.post("/v1/retrieve", json=body).status_code == 200
     metrics = client.get("/metrics").text
     assert 'lad_requests_total{http_method="POST",route="/v1/retrieve",status="429"} 1.0' in metrics
+
+
+def test_perm_avg_is_admitted_all_or_none_and_refused_requests_cost_no_forward(
+    make_client, runner, items
+):
+    """Under overload a perm_avg request's N passes are queued together or not at all: the
+    passes that reach the model are exactly N for each request answered 200."""
+    gated = GatedRunner(runner)
+    client = make_client(runner_override=gated, max_batch_size=4, max_wait_ms=0, max_queue=16)
+    blocker = retrieve_body(items[0], method="vanilla")
+    perm = retrieve_body(items[1], method="perm_avg")  # N = 3 passes each
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        busy = pool.submit(client.post, "/v1/retrieve", json=blocker)
+        assert gated.entered.wait(10)
+        answers = [pool.submit(client.post, "/v1/retrieve", json=perm) for _ in range(10)]
+        deadline = time.monotonic() + 20
+        while sum(f.done() for f in answers) < 5:  # the refused ones answer at once
+            assert time.monotonic() < deadline, "refusals never came"
+            time.sleep(0.01)
+        assert client.get("/readyz").json()["queue"]["depth"] == 15
+        gated.gate.set()
+        assert busy.result(30).status_code == 200
+        statuses = sorted(f.result(30).status_code for f in answers)
+    assert statuses == [200] * 5 + [429] * 5
+    assert gated.items_run == 1 + 5 * 3  # no pass ran for a refused request
+    refused = next(f.result() for f in answers if f.result().status_code == 429)
+    assert refused.json()["error"]["code"] == "overloaded"
+    assert "3 forward pass(es)" in refused.json()["error"]["message"]
+    assert int(refused.headers["retry-after"]) >= 1

@@ -66,3 +66,13 @@ def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_jso
             proc.kill()
             proc.wait(5)
     assert proc.returncode in (0, -15)
+
+
+def test_lad_serve_refuses_an_open_admin_on_a_public_address(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAD_")}
+    env.update(PYTHONPATH=str(ROOT), LAD_STORE_URL="memory://")
+    command = [sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--port", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "LAD_ADMIN_TOKEN" in done.stderr and "LAD_ALLOW_OPEN_ADMIN" in done.stderr

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve"),
+    ("app.main", "app.cli", "app.bench", "app.serve", "app.limits_doc"),
 ]
 
 

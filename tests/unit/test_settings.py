@@ -90,3 +90,38 @@ def test_env_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     env.write_text("LAD_MAX_WAIT_MS=12.5\nLAD_KEEP_VERSIONS=9\n")
     s = Settings(_env_file=str(env))
     assert s.max_wait_ms == 12.5 and s.keep_versions == 9
+
+
+def test_image_formats_parse_and_are_checked() -> None:
+    assert _settings(image_formats="jpeg, png").image_formats == ["JPEG", "PNG"]
+    assert _settings(image_formats='["WEBP"]').image_formats == ["WEBP"]
+    assert "TIFF" not in _settings().image_formats
+    for bad in ("EPS", "JPEG,PDF", ""):
+        with pytest.raises(ValidationError):
+            _settings(image_formats=bad)
+
+
+def test_limits_are_bounded() -> None:
+    with pytest.raises(ValidationError):
+        _settings(max_images=65)  # N is at most 64 anywhere
+    with pytest.raises(ValidationError):
+        _settings(max_aspect_ratio=250)  # the image processors refuse >= 200
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "opt_out", "refused"),
+    [
+        ("127.0.0.1", None, False, False), ("localhost", None, False, False),
+        ("::1", None, False, False), ("127.0.0.2", None, False, False),
+        ("0.0.0.0", None, False, True), ("::", None, False, True),
+        ("10.1.2.3", None, False, True), ("example.org", None, False, True),
+        ("0.0.0.0", "s3cret", False, False), ("0.0.0.0", None, True, False),
+        ("0.0.0.0", "  ", False, True),
+    ],
+)
+def test_open_admin_routes_are_refused_off_loopback(host, token, opt_out, refused) -> None:
+    settings = _settings(host=host, admin_token=token, allow_open_admin=opt_out)
+    problem = settings.exposure_problem()
+    assert (problem is not None) is refused
+    if refused:
+        assert "LAD_ADMIN_TOKEN" in problem and "LAD_ALLOW_OPEN_ADMIN" in problem

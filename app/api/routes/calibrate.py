@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter, Request
 
-from fastapi import APIRouter, Body
-
+from app import errors
+from app.api.bodies import content_type, is_json, read_json
 from app.api.deps import AdminAuth, ServiceDep
 from app.api.route_errors import error_responses
 from app.schemas import (
@@ -24,20 +24,36 @@ store them as a new version of the profile for (model, profile, labels, N).
 
 Send 1..{MAX_CALIBRATION_EXAMPLES} examples ({RECOMMENDED_CALIBRATION_EXAMPLES} recommended), all
 with the same number of images N; `answer` is the 0-based index of the matching image. Requires
-the admin token when LAD_ADMIN_TOKEN is set."""
+the admin token when LAD_ADMIN_TOKEN is set; the token is checked before the body is read."""
+
+_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": CalibrateRequest.model_json_schema(),
+                "examples": {"three images": {"summary": "one example of three 32 x 32 PNGs",
+                                              "value": CALIBRATE_EXAMPLE}},
+            }
+        },
+    }
+}
 
 
 @router.post(
     "/v1/calibrate",
     response_model=CalibrateResponse,
     dependencies=[AdminAuth],
+    openapi_extra=_OPENAPI,
     responses=error_responses("POST", "/v1/calibrate"),
     summary="Calibrate a profile (bias matrix B and attention prior P) for one N",
     description=DESCRIPTION,
 )
-async def calibrate(
-    body: Annotated[CalibrateRequest, Body(openapi_examples={"three images": {
-        "summary": "one example of three 32 x 32 PNGs", "value": CALIBRATE_EXAMPLE}})],
-    service: ServiceDep,
-) -> CalibrateResponse:
+async def calibrate(request: Request, service: ServiceDep) -> CalibrateResponse:
+    media_type = content_type(request)
+    if not is_json(media_type):
+        raise errors.UnsupportedMediaType(
+            f"content type {media_type or '(none)'!r} is not supported; send application/json"
+        )
+    body: CalibrateRequest = await read_json(request, CalibrateRequest)
     return await service.calibrate(body)

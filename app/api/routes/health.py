@@ -17,14 +17,17 @@ async def healthz() -> Health:
     return Health()
 
 
-@router.get("/readyz", response_model=Readiness,
-            responses={**error_responses("GET", "/readyz"),
-                       503: {"model": Readiness, "description": "not ready (same body)"}},
-            summary="Model loaded, worker running, store reachable")
+@router.get(
+    "/readyz", response_model=Readiness,
+    responses={**error_responses("GET", "/readyz"),
+               503: {"model": Readiness, "description": "the model is not loaded (yet)"}},
+    summary="Can answer retrieve: 200 while the model is loaded, store ok or degraded",
+)  # fmt: skip
 async def readyz(request: Request) -> JSONResponse:
     service = getattr(request.app.state, "service", None)
     if service is None:
-        body = Readiness(ready=False, model={"loaded": False}, store={}, queue={})
+        body = Readiness(ready=False, status="not_ready", model={"loaded": False}, store={},
+                         queue={})  # fmt: skip
     else:
         body = await service.readiness()
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)

@@ -8,31 +8,43 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminAuth, ServiceDep
 from app.api.route_errors import error_responses
+from app.engine.labels import SCHEMES
 from app.schemas import (
+    MAX_VERSION,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
     ProfileSummary,
 )
+from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+
+LABELS_PATTERN = (
+    "^(" + "|".join(SCHEMES) + r"|custom:[0-9a-f]{8})$|^\[.*\]$|^[^,]+(,[^,]+)+$"
+)
+"""A scheme name, a stored ``custom:<hash>`` as listed, or a JSON / comma list of labels."""
 
 NameParam = Annotated[
     str, Path(pattern=NAME_PATTERN, description="profile name", examples=["default"])
 ]
 NParam = Annotated[
-    int, Query(ge=1, description="number of images N the profile is for", examples=[3])
+    int, Query(ge=2, le=MAX_N, description="number of images N the profile is for", examples=[3])
 ]
 LabelsParam = Annotated[
-    str, Query(description='label scheme: "digits", "upper", ..., "custom:<hash>" as listed, '
-               "or a comma list of labels", examples=["digits"])
-]
+    str,
+    Query(
+        pattern=LABELS_PATTERN, max_length=MAX_N * 33 + 2, examples=["digits"],
+        description='label scheme: "digits", "upper", ..., "custom:<hash>" as listed, or a '
+        "comma list (or JSON list) of the N labels",
+    ),
+]  # fmt: skip
 VersionParam = Annotated[
     int | None,
-    Query(ge=1, description="target version (default: the newest kept one before the current)",
-          examples=[1]),
-]
+    Query(ge=1, le=MAX_VERSION, examples=[1],
+          description="target version (default: the newest kept one before the current)"),
+]  # fmt: skip
 
 
 @router.get("", response_model=ProfileList, responses=error_responses("GET", "/v1/profiles"),

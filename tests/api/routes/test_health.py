@@ -16,7 +16,8 @@ def test_health_and_readiness(client):
     body = ready.json()
     assert body["ready"] is True
     assert body["model"]["model_id"] == "tiny-qwen2_5_vl" and body["model"]["worker_running"]
-    assert body["store"]["backend"] == "memory" and body["store"]["ok"] is True
+    assert body["store"]["backend"] == "memory" and body["store"]["status"] == "ok"
+    assert body["status"] == "ok"
     assert body["queue"]["depth"] == 0
 
 
@@ -170,3 +171,49 @@ def test_store_errors_answer_503_and_are_counted(make_client, calibrate_json, tm
     text = client.get("/metrics").text
     assert metric_value(text, "lad_store_errors_total", operation=operation) == 1
     assert metric_value(text, "lad_calibrations_total", outcome="error") == 1
+
+
+def test_openapi_tells_the_truth_about_limits_and_errors(make_client):
+    client = make_client(max_images=5, max_query_chars=300, max_label_chars=9)
+    spec = client.get("/openapi.json").json()
+    retrieve = spec["paths"]["/v1/retrieve"]["post"]
+    body = retrieve["requestBody"]["content"]["application/json"]["schema"]
+    images = body["properties"]["images"]
+    assert (images["minItems"], images["maxItems"]) == (2, 5)
+    assert body["properties"]["query"]["maxLength"] == 300
+    scheme, custom = body["properties"]["labels"]["anyOf"]
+    assert scheme["enum"] == ["digits", "upper", "lower", "roman", "words"]
+    assert custom["maxItems"] == 5 and custom["items"]["maxLength"] == 9
+    form = retrieve["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["properties"]["images"]["maxItems"] == 5 and "pattern" in form["properties"][
+        "labels"]
+    example = spec["components"]["schemas"]["CalibrationExample"]
+    assert example["properties"]["answer"]["maximum"] == 4
+    codes = {status: text["description"] for status, text in retrieve["responses"].items()}
+    for status, code in [("400", "invalid_image"), ("413", "payload_too_large"),
+                         ("415", "unsupported_image_format"), ("422", "too_many_images"),
+                         ("408", "request_timeout"), ("429", "overloaded"),
+                         ("409", "calibration_required"), ("503", "not_ready")]:
+        assert f"`{code}`" in codes[status], (status, code)
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            expected = {"413", "500"} | ({"422", "503"} if path.startswith("/v1/") else set())
+            assert expected <= set(operation["responses"]), (method, path)
+    delete = spec["paths"]["/v1/profiles/{name}"]["delete"]
+    n = next(p for p in delete["parameters"] if p["name"] == "n")
+    assert (n["schema"]["minimum"], n["schema"]["maximum"]) == (2, 64)
+    labels = next(p for p in delete["parameters"] if p["name"] == "labels")
+    assert labels["schema"]["maxLength"] < 3000 and "pattern" in labels["schema"]
+    assert "`store_unavailable`" in delete["responses"]["503"]["description"]
+    error = spec["components"]["schemas"]["ErrorDetail"]
+    assert set(error["required"]) == {"code", "message", "request_id"}
+
+
+def test_readiness_shows_no_paths_or_error_strings(make_client, tmp_path):
+    from calibration_store import open_store
+
+    root = tmp_path / "secret-profile-dir"
+    client = make_client(store=open_store(str(root)), store_url=str(root))
+    body = client.get("/readyz").json()
+    assert body["store"] == {"backend": "file", "profiles": 0, "status": "ok"}
+    assert str(tmp_path) not in client.get("/readyz").text

@@ -59,8 +59,8 @@ def test_delete(client, items, calibrate_json):
     assert client.delete("/v1/profiles/default", params={"n": 3}).status_code == 200
     assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 409
     assert client.get("/v1/profiles/default").status_code == 404
-    # a new calibration starts again at version 1
-    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
+    # a new calibration continues after the highest version ever given (no reuse)
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 2
 
 
 def test_query_parameter_errors(client, calibrate_json):
@@ -69,6 +69,8 @@ def test_query_parameter_errors(client, calibrate_json):
     r = client.delete("/v1/profiles/default", params={"n": 0})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     r = client.post("/v1/profiles/default/rollback", params={"n": 3, "labels": "klingon"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    r = client.post("/v1/profiles/default/rollback", params={"n": 3, "labels": "[1, 2, 3]"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_labels"
     r = client.post("/v1/profiles/default/rollback", params={"n": 4})
     assert r.status_code == 404

@@ -129,7 +129,9 @@ def test_put_get_versions_rollback_delete(make_store: Callable[..., ProfileStore
     assert store.delete(key) is False
     with pytest.raises(ProfileNotFound):
         store.rollback(key)
-    assert store.put(make_profile()).version == 1
+    # the high-water mark survives delete: a version number never names two calibrations
+    assert store.put(make_profile()).version == 5
+    assert store.versions(key) == [5] and store.list_keys() == [key]
 
 
 def test_stored_copy_is_exact_and_stamped(make_store: Callable[..., ProfileStore]) -> None:
@@ -213,11 +215,21 @@ def test_open_store_urls(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-def test_unreachable_redis_is_store_unavailable_quickly() -> None:
+def test_unreachable_redis_opens_degraded_and_fails_fast() -> None:
+    """Redis down at start-up: the store opens (empty, not ok); calls that need Redis raise
+    StoreUnavailable quickly instead of stalling."""
     start = time.monotonic()
-    with pytest.raises(StoreUnavailable):
-        open_store("redis://127.0.0.1:1/0", socket_timeout=0.5)
-    assert time.monotonic() - start < 10
+    store = open_store("redis://127.0.0.1:1/0", socket_timeout=0.5, listen=False)
+    try:
+        assert store.health()["ok"] is False and store.list_keys() == []
+        assert store.get(make_profile().key) is None
+        for call in (lambda: store.put(make_profile()), lambda: store.delete(make_profile().key),
+                     lambda: store.versions(make_profile().key)):
+            with pytest.raises(StoreUnavailable):
+                call()
+    finally:
+        store.close()
+    assert time.monotonic() - start < 5
 
 
 # ------------------------------------------------------------------- file store
@@ -400,3 +412,81 @@ def test_redis_trims_documents_and_guards_schema(
     admin.close()
     with pytest.raises(UnknownSchemaVersion):
         store.get_version(make_profile().key, 3)
+
+
+# ------------------------------------------------------- versions never go backwards
+class _Interleaved:
+    """Wraps a store's commit script so that `before()` runs between the put's version
+    allocation (its read of the counter) and its commit: the interleaving to force."""
+
+    def __init__(self, store: RedisProfileStore, before: Callable[[], None]) -> None:
+        self.store, self.before, self.inner = store, before, store._commit
+        self.calls = 0
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            self.before()
+        return self.inner(**kwargs)
+
+
+@pytest.mark.redis
+def test_redis_delete_between_allocation_and_commit_cannot_restart_versions(
+    open_redis: Callable[..., RedisProfileStore],
+) -> None:
+    a, b = open_redis(), open_redis()
+    key = make_profile().key
+    assert [a.put(make_profile(seed=s)).version for s in range(3)] == [1, 2, 3]
+    a._commit = _Interleaved(a, lambda: b.delete(key))  # type: ignore[method-assign]
+    stored = a.put(make_profile(seed=7))  # allocated 4, then the delete landed, then commit
+    assert a._commit.calls == 1 and stored.version == 4
+    assert a.versions(key) == [4] and a.get(key) == stored
+    assert b.put(make_profile(seed=8)).version == 5  # still increasing after the delete
+    b.delete(key)
+    assert a.put(make_profile(seed=9)).version == 6
+
+
+@pytest.mark.redis
+def test_redis_concurrent_put_between_allocation_and_commit_retries_with_the_next_version(
+    open_redis: Callable[..., RedisProfileStore],
+) -> None:
+    a, b = open_redis(), open_redis()
+    key = make_profile().key
+    a._commit = _Interleaved(a, lambda: b.put(make_profile(seed=1)))  # type: ignore[method-assign]
+    stored = a.put(make_profile(seed=2))  # its version 1 was taken by b: commit retried as 2
+    assert a._commit.calls == 2 and stored.version == 2
+    assert a.versions(key) == [1, 2] and a.get(key) == stored
+
+
+@pytest.mark.redis
+def test_redis_failed_commit_burns_no_version(
+    open_redis: Callable[..., RedisProfileStore],
+) -> None:
+    store = open_redis()
+    key = make_profile().key
+    store.put(make_profile(seed=1))
+    real = store._commit
+
+    def times_out(**kwargs: Any) -> Any:
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    store._commit = times_out  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        store.put(make_profile(seed=2))
+    store._commit = real  # type: ignore[method-assign]
+    assert store.put(make_profile(seed=3)).version == 2  # 2 was not burned
+    assert store.versions(key) == [1, 2]
+
+
+def test_file_store_high_water_mark_survives_reopen(tmp_path: Path) -> None:
+    store = FileProfileStore(tmp_path)
+    key = make_profile().key
+    for s in range(3):
+        store.put(make_profile(seed=s))
+    assert store.delete(key) is True
+    store.close()
+    again = FileProfileStore(tmp_path)
+    assert again.get(key) is None and again.list_keys() == [] and again.versions(key) == []
+    assert again.health()["profiles"] == 0
+    assert again.put(make_profile(seed=5)).version == 4
+    again.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -194,3 +195,73 @@ def test_invalid_configuration() -> None:
         Batcher(Recorder(), max_batch_size=0)
     with pytest.raises(ValueError):
         Batcher(Recorder(), max_queue=0)
+
+
+# ---------------------------------------------------------------- all-or-none admission
+class Gate:
+    """Handler that blocks until opened, so the queue can be filled deterministically."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.open = threading.Event()
+        self.entered = threading.Event()
+        self.items: list[int] = []
+        self.delay_s = delay_s
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.entered.set()
+        self.open.wait(10)
+        time.sleep(self.delay_s)
+        self.items += items
+        return items
+
+
+def test_submit_many_admits_all_or_none_and_cancelled_items_never_run() -> None:
+    gate = Gate()
+    batcher = Batcher(gate, max_batch_size=1, max_wait_ms=0, max_queue=6)
+    batcher.start()
+
+    async def go() -> None:
+        running = batcher.submit_many([100])  # taken by the worker, which then blocks
+        while not gate.entered.is_set():
+            await asyncio.sleep(0.001)
+        first = batcher.submit_many([1, 2, 3, 4])  # 4 of 6 places
+        with pytest.raises(QueueFull) as info:
+            batcher.submit_many([5, 6, 7])  # needs 3, only 2 left: none is queued
+        assert info.value.needed == 3 and info.value.depth == 4
+        assert batcher.depth == 4
+        second = batcher.submit_many([8, 9])  # exactly fits
+        for future in second:  # the caller gave up (a sibling failed, or it disconnected)
+            future.cancel()
+        gate.open.set()
+        assert await asyncio.gather(*running, *first) == [100, 1, 2, 3, 4]
+
+    try:
+        _run(go())
+        deadline = time.monotonic() + 5
+        while batcher.depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        batcher.stop()
+    assert sorted(gate.items) == [1, 2, 3, 4, 100]  # 5, 6, 7 refused; 8, 9 cancelled
+
+
+def test_submit_many_larger_than_the_queue_runs_when_the_queue_is_empty() -> None:
+    batcher = Batcher(Recorder(), max_batch_size=4, max_wait_ms=0, max_queue=2)
+    batcher.start()
+
+    async def go() -> list[int]:
+        return list(await asyncio.gather(*batcher.submit_many(list(range(5)))))
+
+    try:
+        assert _run(go()) == [0, 2, 4, 6, 8]
+    finally:
+        batcher.stop()
+
+
+def test_retry_after_grows_with_the_queue_and_the_measured_batch_time() -> None:
+    batcher = Batcher(Recorder(), max_batch_size=2, max_wait_ms=0, max_queue=64)
+    assert batcher.retry_after_s() == 1  # nothing measured yet
+    batcher._mean_batch_s = 0.5  # as measured after slow batches
+    assert batcher.retry_after_s(needed=1, depth=0) == 1  # (0 + 1) / 2 -> 1 batch + running
+    assert batcher.retry_after_s(needed=8, depth=20) == math.ceil((14 + 1) * 0.5)
+    assert batcher.retry_after_s(needed=8, depth=60) > batcher.retry_after_s(needed=8, depth=20)

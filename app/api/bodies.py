@@ -1,0 +1,172 @@
+"""Reading request bodies after the route's token was checked: JSON into a schema, and a
+bounded multipart/form-data reader (parts kept in memory, every limit enforced as bytes
+arrive, nothing spooled to disk).
+
+Starlette's form parser spools file parts to temporary files and checks no file size, so a
+huge upload reached /tmp before any limit applied. Here each file part may hold at most
+``max_file_bytes`` and each text field ``max_field_bytes``; more parts, more files or
+larger ones are refused at the byte that crosses the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import python_multipart
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import parse_options_header
+from starlette.requests import Request
+
+from app import errors
+
+
+def validation_error(exc: ValidationError, prefix: str) -> RequestValidationError:
+    """A pydantic error of a hand-read body, located under ``prefix`` like FastAPI's own."""
+    items = []
+    for err in exc.errors(include_url=False, include_context=False, include_input=False):
+        item = dict(err)
+        item["loc"] = (prefix, *err.get("loc", ()))
+        items.append(item)
+    return RequestValidationError(items)
+
+
+def content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+async def read_json(request: Request, model: Any) -> Any:
+    """Read and validate a JSON body (the body guard bounds its size and its time)."""
+    body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise validation_error(exc, "body") from None
+
+
+@dataclass
+class Form:
+    """The text fields (name -> values) and the file parts (name -> contents) of a form."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, list[bytes]] = field(default_factory=dict)
+
+    def names(self) -> set[str]:
+        return set(self.fields) | set(self.files)
+
+
+@dataclass
+class _Part:
+    name: str = ""
+    is_file: bool = False
+    data: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class FormLimits:
+    max_parts: int
+    max_files: int
+    max_file_bytes: int
+    max_field_bytes: int
+
+
+class _Reader:
+    """python-multipart callbacks that build a Form within FormLimits."""
+
+    def __init__(self, limits: FormLimits, charset: str) -> None:
+        self.limits = limits
+        self.charset = charset
+        self.form = Form()
+        self.part = _Part()
+        self.parts = 0
+        self.file_count = 0
+        self._header_name = b""
+        self._header_value = b""
+        self._disposition = b""
+
+    def on_part_begin(self) -> None:
+        self.part = _Part()
+        self._disposition = b""
+        self.parts += 1
+        if self.parts > self.limits.max_parts:
+            raise errors.InvalidRequest(f"the form has more than {self.limits.max_parts} parts")
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+        if len(self._header_value) > 4096:
+            raise errors.BadRequest("a multipart part header is too long")
+
+    def on_header_end(self) -> None:
+        if self._header_name.lower() == b"content-disposition":
+            self._disposition = self._header_value
+        self._header_name, self._header_value = b"", b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        if b"name" not in options:
+            raise errors.BadRequest("a multipart part has no Content-Disposition name")
+        self.part.name = options[b"name"].decode(self.charset, errors="replace")
+        if b"filename" in options:
+            self.part.is_file = True
+            self.file_count += 1
+            if self.file_count > self.limits.max_files:
+                raise errors.TooManyImages(
+                    f"the form has more than {self.limits.max_files} files"
+                )
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        self.part.data += data[start:end]
+        if self.part.is_file and len(self.part.data) > self.limits.max_file_bytes:
+            raise errors.ImageTooLarge(
+                f"file {self.part.name!r} #{self.file_count} is over LAD_MAX_IMAGE_BYTES="
+                f"{self.limits.max_file_bytes} bytes"
+            )
+        if not self.part.is_file and len(self.part.data) > self.limits.max_field_bytes:
+            raise errors.InvalidRequest(
+                f"form field {self.part.name!r} is over {self.limits.max_field_bytes} bytes"
+            )
+
+    def on_part_end(self) -> None:
+        if self.part.is_file:
+            self.form.files.setdefault(self.part.name, []).append(bytes(self.part.data))
+        else:
+            text = self.part.data.decode(self.charset, errors="replace")
+            self.form.fields.setdefault(self.part.name, []).append(text)
+
+
+async def read_form(request: Request, limits: FormLimits) -> Form:
+    """Stream the request body through a bounded multipart parser."""
+    _, params = parse_options_header(request.headers.get("content-type", ""))
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise errors.BadRequest("multipart/form-data without a boundary")
+    charset = params.get(b"charset", b"utf-8").decode("latin-1")
+    reader = _Reader(limits, charset if charset.lower() in ("utf-8", "utf8") else "latin-1")
+    parser = python_multipart.MultipartParser(
+        boundary,
+        {
+            "on_part_begin": reader.on_part_begin,
+            "on_part_data": reader.on_part_data,
+            "on_part_end": reader.on_part_end,
+            "on_header_field": reader.on_header_field,
+            "on_header_value": reader.on_header_value,
+            "on_header_end": reader.on_header_end,
+            "on_headers_finished": reader.on_headers_finished,
+        },
+    )
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+        parser.finalize()
+    except FormParserError:
+        raise errors.BadRequest("the multipart body is malformed") from None
+    return reader.form

@@ -1,0 +1,142 @@
+"""The request's edge, as pure ASGI middleware: its id, its body limit and read deadline,
+and the last-resort answer for an unexpected error.
+
+- ``RequestIdMiddleware`` (outermost): takes a sane ``X-Request-ID`` or makes one, puts it
+  in the scope, the log context and every response's headers, and turns any exception
+  nothing else handled into the 500 envelope, logged once, compactly. Unlike a Starlette
+  handler for ``Exception`` it does not re-raise into the server, which would close the
+  keep-alive connection after answering.
+- ``BodyGuardMiddleware``: a per-route byte limit, counted as the body arrives (chunked
+  bodies too) and refused at once past it (413), and a deadline for the whole body (408),
+  so a half-sent body cannot hold a connection. Both answers close the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import errors
+from app.settings import Settings
+
+_SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+SMALL_BODY_BYTES = 64 * 1024
+"""Body limit of every route other than retrieve and calibrate (they take none)."""
+
+
+class RequestIdMiddleware:
+    """X-Request-ID in, X-Request-ID out; unexpected errors answered in the envelope."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("x-request-id", "")
+        request_id = given if _SANE_ID.fullmatch(given) else uuid.uuid4().hex
+        scope[errors.REQUEST_ID_SCOPE_KEY] = request_id
+        token = errors.REQUEST_ID.set(request_id)
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                if "x-request-id" not in headers:
+                    headers.append("X-Request-ID", request_id)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            response = errors.unexpected_error_response(
+                exc, scope.get("method", ""), scope.get("path", "")
+            )
+            if not started:
+                await response(scope, receive, send_with_id)
+        finally:
+            errors.REQUEST_ID.reset(token)
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` when the body passes its limit (answered 413, then closed)."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(
+            413, f"the request body is over {limit} bytes ({setting})", {"Connection": "close"}
+        )
+
+
+class BodyTimeout(HTTPException):
+    """Raised from ``receive`` when the body misses its deadline (answered 408, then closed)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            408, f"the request body did not arrive within {seconds:g} s (LAD_READ_TIMEOUT_S)",
+            {"Connection": "close"},
+        )  # fmt: skip
+
+
+def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:
+    """The byte limit of a route's body and the setting that names it."""
+    if method == "POST" and path == "/v1/retrieve":
+        return settings.max_body_bytes, "LAD_MAX_BODY_BYTES"
+    if method == "POST" and path == "/v1/calibrate":
+        return settings.max_calibrate_body_bytes, "LAD_MAX_CALIBRATE_BODY_BYTES"
+    return SMALL_BODY_BYTES, "fixed for routes without a body"
+
+
+class BodyGuardMiddleware:
+    """Per-route body limit counted as bytes arrive, and a deadline for the whole body."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit, setting = body_limit(self.settings, scope["method"], scope["path"])
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            error = errors.PayloadTooLarge(
+                f"the request body has {length} bytes; the limit is {limit} ({setting})",
+                headers={"Connection": "close"},
+            )
+            await errors.error_response(error, scope.get(errors.REQUEST_ID_SCOPE_KEY))(
+                scope, receive, send
+            )
+            return
+        timeout = self.settings.read_timeout_s
+        deadline = time.monotonic() + timeout
+        received = 0
+        finished = False
+
+        async def guarded_receive() -> Message:
+            nonlocal received, finished
+            if finished:  # after the body: waiting for a disconnect is not bounded
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise BodyTimeout(timeout) from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit, setting)
+                finished = not message.get("more_body", False)
+            else:
+                finished = True
+            return message
+
+        await self.app(scope, guarded_receive, send)

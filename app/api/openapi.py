@@ -1,0 +1,85 @@
+"""The OpenAPI document tells the truth: the limits of the running settings (each route's
+error codes come from ``app.api.route_errors``).
+
+Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
+patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_QUERY_CHARS,
+LAD_MAX_LABEL_CHARS), so what the document accepts is what the service accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app.settings import Settings
+
+
+def _patch_limits(node: Any, settings: Settings) -> None:
+    """Set the instance's limits on every object schema with these property names."""
+    if isinstance(node, list):
+        for item in node:
+            _patch_limits(item, settings)
+        return
+    if not isinstance(node, dict):
+        return
+    props = node.get("properties")
+    if isinstance(props, dict):
+        if isinstance(props.get("images"), dict):
+            props["images"]["maxItems"] = settings.max_images
+        if isinstance(props.get("query"), dict) and props["query"].get("type") == "string":
+            props["query"]["maxLength"] = settings.max_query_chars
+        if isinstance(props.get("answer"), dict):
+            props["answer"].pop("exclusiveMaximum", None)
+            props["answer"]["maximum"] = settings.max_images - 1
+        for alt in (props.get("labels") or {}).get("anyOf", []):
+            if alt.get("type") == "array":
+                alt["maxItems"] = settings.max_images
+                alt["items"]["maxLength"] = settings.max_label_chars
+    for value in node.values():
+        _patch_limits(value, settings)
+
+
+def _hoist_defs(document: dict[str, Any]) -> None:
+    """Move the ``$defs`` of hand-written request bodies into ``components/schemas`` (where
+    OpenAPI tools resolve references) and point their ``$ref`` there."""
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref.removeprefix("#/$defs/")
+            for value in node.values():
+                rewrite(value)
+        elif isinstance(node, list):
+            for item in node:
+                rewrite(item)
+        return node
+
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                schema = media.get("schema", {})
+                for name, definition in schema.pop("$defs", {}).items():
+                    components.setdefault(name, definition)
+                rewrite(schema)
+    rewrite(components)
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Generate the document once, with the running settings' limits."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes,
+            )  # fmt: skip
+            _hoist_defs(document)
+            _patch_limits(document, settings)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

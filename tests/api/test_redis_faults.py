@@ -1,0 +1,186 @@
+"""Degraded, not down: the service on its own redis-server (own port), stopped and killed
+while requests flow, started while Redis is down, and recovering without a restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from calibration_store.redis_store import RedisProfileStore
+from tests.api.helpers import retrieve_body
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None and not os.environ.get("CI"),
+                       reason="redis-server is not installed (CI installs it)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server of the test's own, persisted with an fsync'ed append-only file."""
+
+    def __init__(self, port: int, directory: Path) -> None:
+        self.port, self.dir = port, directory
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if client.ping():
+                    break
+            except redis.RedisError:
+                assert time.monotonic() < deadline, "redis-server never answered"
+                time.sleep(0.05)
+        client.close()
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(_free_port(), tmp_path)
+    yield server
+    server.kill()
+
+
+class Traffic:
+    """Retrieval requests in a loop on a thread, every status recorded."""
+
+    def __init__(self, client: Any, body: dict[str, Any]) -> None:
+        self.client, self.body = client, body
+        self.statuses: list[int] = []
+        self.versions: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            r = self.client.post("/v1/retrieve", json=self.body)
+            self.statuses.append(r.status_code)
+            if r.status_code == 200:
+                self.versions.append(r.json()["profile"]["version"])
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def _timed(call: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    result = call()
+    return result, time.monotonic() - start
+
+
+def _wait_for(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not true in time"
+        time.sleep(0.05)
+
+
+def _admin_is_503_fast(client: Any) -> None:
+    response, seconds = _timed(lambda: client.delete("/v1/profiles/other", params={"n": 3}))
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "store_unavailable"
+    assert seconds < 3.0, seconds
+
+
+def _ready_degraded(client: Any) -> None:
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["status"] == "degraded" and body["store"]["status"] == "degraded"
+    text = ready.text
+    assert "Error" not in text and "127.0.0.1" not in text  # no Redis error strings leak
+
+
+def test_stop_kill_restart_while_requests_flow(make_client, redis_server, items, calibrate_json,
+                                               redis_prefix):
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
+    traffic = Traffic(client, retrieve_body(items[0]))
+    try:
+        time.sleep(0.3)
+        redis_server.signal(signal.SIGSTOP)  # hangs: connections open, no replies
+        _admin_is_503_fast(client)
+        _wait_for(lambda: client.get("/readyz").json()["status"] == "degraded", 5)
+        _ready_degraded(client)
+        time.sleep(1.0)
+        redis_server.signal(signal.SIGCONT)
+        redis_server.kill()  # gone: connections refused
+        _admin_is_503_fast(client)
+        _ready_degraded(client)
+        time.sleep(1.0)
+        redis_server.start()  # same port, same append-only file
+        other = RedisProfileStore(redis_server.url, key_prefix=redis_prefix, listen=False)
+        key = client.app.state.service.store.list_keys()[0]
+        current = client.app.state.service.store.get(key)
+        assert other.put(current).version == 2  # another replica, meanwhile
+        other.close()
+        _wait_for(lambda: traffic.versions and traffic.versions[-1] == 2, 15)
+        _wait_for(lambda: client.get("/readyz").json()["status"] == "ok", 15)
+        assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 3
+    finally:
+        traffic.stop()
+    assert len(traffic.statuses) > 20
+    assert set(traffic.statuses) == {200}, sorted(set(traffic.statuses))
+
+
+def test_starts_with_redis_down_and_recovers_without_a_restart(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)  # nothing listens on that port yet
+    _ready_degraded(client)
+    r = client.post("/v1/retrieve", json=retrieve_body(items[0]))
+    assert r.status_code == 409 and r.json()["error"]["code"] == "calibration_required"
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla")).is_success
+    response, seconds = _timed(lambda: client.post("/v1/calibrate", json=calibrate_json))
+    assert response.status_code == 503 and seconds < 3.0
+    _admin_is_503_fast(client)
+    redis_server.start()
+    _wait_for(lambda: client.get("/readyz").json()["status"] == "ok", 15)
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0])).json()["profile"] == {
+        "name": "default", "version": 1}
