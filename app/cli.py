@@ -11,8 +11,9 @@ COMMANDS: dict[str, str] = {
     "serve": "app.main",
     "bench engine": "app.bench.engine",
     "bench service": "app.bench.service",
+    "eval": "app.eval.cli",
     "demo train": "app.demo.train",
-    "demo eval": "app.demo.evaluate",
+    "demo eval": "app.eval.cli",  # an alias: the demo world is lad eval's default dataset
 }
 
 

@@ -57,6 +57,7 @@ class Service:
         self.method_config = MethodConfig(
             top_k=settings.top_k, tau=settings.tau,
             posterior_variant=settings.posterior_variant, mixture=settings.mixture,
+            sink_guard=settings.sink_guard,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
 
@@ -277,6 +278,7 @@ class Service:
             bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
             num_examples=len(request.examples), num_forward_passes=len(works),
             hyperparameters=hyper,
+            sink_layers=[self.runner.layers[i] for i in calibration.sink_layers],
         )  # fmt: skip
         stored = await self.profiles.put(profile)
         return CalibrateResponse(
@@ -284,6 +286,6 @@ class Service:
             labels=stored.label_scheme, n=n, num_examples=len(request.examples),
             forward_passes=len(works), bias_matrix=stored.bias_matrix,
             attention_prior=stored.attention_prior, layers=stored.layers,
-            hyperparameters=stored.hyperparameters, created_at=stored.created_at,
+            sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters, created_at=stored.created_at,
             duration_s=round(time.perf_counter() - t0, 4),
         )  # fmt: skip
