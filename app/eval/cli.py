@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--mixture", choices=MIXTURES, default="linear", help="§2.4 step 4" + d)
     add("--no-prior", action="store_true", help="posterior without the prior division (P = 1)")
     add("--no-sink-guard", dest="sink_guard", action="store_false",
-        help="keep sink layers (prior < 1e-6 somewhere) in L*: exactly the reference math")  # fmt: skip
+        help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math")  # fmt: skip
     add("--batch-size", type=int, default=16, help="instances per forward" + d)
     add("--threads", type=int, default=1, help="torch CPU threads" + d)
     add("--samples", type=int, default=10, help="self_consistency samples" + d)

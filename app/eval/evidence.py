@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ class Options:
 
     labels: str = "digits"
     batch_size: int = 16
-    config: MethodConfig = MethodConfig()
+    config: MethodConfig = field(default_factory=MethodConfig)
     cot_prompt: str | None = None
     cot_max_new_tokens: int = 64
     samples: int = SELF_CONSISTENCY_SAMPLES

@@ -84,8 +84,9 @@ def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
         "cons": float(100.0 * consistent.mean()),
         "recall_by_position": _nullable(recall),
         "selection_by_position": selection.tolist(),
-        "confusion": np.divide(100.0 * confusion, row, out=np.zeros_like(confusion),
-                               where=row > 0).tolist(),  # fmt: skip
+        "confusion": np.divide(
+            100.0 * confusion, row, out=np.zeros_like(confusion), where=row > 0
+        ).tolist(),
         "mrr": float(np.mean(1.0 / ranks)),
         "recall_at_k": {str(k): float(100.0 * np.mean(ranks <= k)) for k in RECALL_AT if k <= n},
         "forward_passes_per_item": float(a["passes"].mean()),

@@ -12,7 +12,7 @@ Keys (the interface of issue 8; users and tests rely on them):
     predicted_position   0-based; None when a generated answer could not be parsed
     correct              predicted_position == gt_position
     probabilities        N floats summing to 1 (generation: the vote shares)
-    forward_passes       model calls spent on this instance (perm_avg N; generation: tokens x samples)
+    forward_passes       model calls for this instance (perm_avg N; generation: tokens x samples)
     latency_ms           its share of the batched wall-clock time
     generation           True for the generation-based baselines (cot, self_consistency)
     samples, unparseable generation only: answers sampled, answers that could not be parsed

@@ -99,8 +99,8 @@ def paired_table(run: dict[str, Any]) -> str:
 def diagnostics_section(run: dict[str, Any]) -> list[str]:
     d, n = run["diagnostics"], run["n"]
     lines = ["ROC-AUC per position of \"this position holds the match\" (0.5 = uninformative):", ""]
-    lines += [table(["signal", *(str(j + 1) for j in range(n))],
-                    [[s, *(_f(x, 2) for x in v)] for s, v in d["roc_auc"].items()]), ""]  # fmt: skip
+    auc = [[s, *(_f(x, 2) for x in v)] for s, v in d["roc_auc"].items()]
+    lines += [table(["signal", *(str(j + 1) for j in range(n))], auc), ""]
     if "agd_vs_attn_pure" in d:
         a = d["agd_vs_attn_pure"]
         lines += [f"agd vs attn_pure: {a['rescues']} rescues (agd right, attn_pure wrong), "

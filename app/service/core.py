@@ -286,6 +286,7 @@ class Service:
             labels=stored.label_scheme, n=n, num_examples=len(request.examples),
             forward_passes=len(works), bias_matrix=stored.bias_matrix,
             attention_prior=stored.attention_prior, layers=stored.layers,
-            sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters, created_at=stored.created_at,
+            sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters,
+            created_at=stored.created_at,
             duration_s=round(time.perf_counter() - t0, 4),
         )  # fmt: skip

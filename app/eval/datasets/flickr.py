@@ -20,7 +20,8 @@ from app.eval.datasets.base import ImagePool, PoolImage
 def _rows(path: Path) -> list[tuple[str, str]]:
     lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
     if lines and "\t" in lines[0]:
-        return [(name.split("#")[0], text) for name, _, text in (ln.partition("\t") for ln in lines)]
+        split = (line.partition("\t") for line in lines)
+        return [(name.split("#")[0], text) for name, _, text in split]
     delimiter = "|" if "|" in lines[0] else ","
     reader = csv.reader(lines[1:], delimiter=delimiter)
     return [(row[0].strip(), row[-1].strip()) for row in reader if len(row) >= 2]

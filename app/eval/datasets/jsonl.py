@@ -1,4 +1,4 @@
-"""Your own data: one JSON object per line, ``{"query": str, "images": [path, ...], "answer": int}``.
+"""Your own data: one JSON object per line, ``{"query": str, "images": [paths], "answer": int}``.
 
 Paths are relative to the file; ``answer`` is the 0-based index of the matching image;
 an optional ``"id"`` names the item (default: its line number). A line with more than N
