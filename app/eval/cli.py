@@ -26,6 +26,7 @@ from app.engine.prompts import PROMPT_VARIANTS
 from app.eval.datasets import DATASETS
 from app.eval.evidence import EVAL_METHODS
 from app.eval.harness import DEFAULT_METHODS, EvalConfig
+from app.eval.protocol import DEFAULT_ORDERINGS
 
 
 def _layers(text: str) -> list[int]:
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the dataset's first)")  # fmt: skip
     add("-n", "--n", nargs="+", type=int, dest="ns", default=[4], help="candidates per item" + d)
     add("--items", type=int, default=200, help="evaluation items per run" + d)
-    add("--orderings", type=int, default=4,
+    add("--orderings", type=int, default=DEFAULT_ORDERINGS,
         help="T orderings per item, rounded up to a multiple of N" + d)  # fmt: skip
     add("--calibration", type=int, default=5, help="M, calibration items" + d)
     add("--eval-seed", type=int, default=None,

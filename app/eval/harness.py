@@ -29,7 +29,7 @@ from app.eval.evidence import (
     score_methods,
 )
 from app.eval.metrics import compute_metrics
-from app.eval.protocol import balanced_count, item_orderings
+from app.eval.protocol import DEFAULT_ORDERINGS, balanced_count, item_orderings
 from app.eval.records import run_key, write_records
 from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 
@@ -51,7 +51,7 @@ class EvalConfig:
     settings: list[str] | None = None
     ns: list[int] = field(default_factory=lambda: [4])
     items: int = 200
-    orderings: int = 4
+    orderings: int = DEFAULT_ORDERINGS
     calibration: int = 5
     eval_seed: int | None = None
     calibration_seed: int | None = None

@@ -118,7 +118,7 @@ def diagnostics_section(run: dict[str, Any]) -> list[str]:
         lines += [f"Attention prior P per layer of Λ (calibration: {c['dataset']} "
                   f"{c['setting']}, {len(c['items'])} items; sink = min < "
                   f"{c['sink_threshold']:g}, left out of L* when the guard is on):", "",
-                  table(["layer", *(str(j + 1) for j in range(n)), ""], rows), ""]  # fmt: skip
+                  table(["layer", *(str(j + 1) for j in range(n)), "sink"], rows), ""]  # fmt: skip
     return lines
 
 
