@@ -59,7 +59,10 @@ def header(metrics: dict[str, Any]) -> str:
         "method with the same accuracy shows at these counts (binomial), so an RStd near its "
         "floor is no evidence of position bias. Cons: % of items answered with the same image "
         "under all orderings. Paired differences are on the same items and orderings; "
-        "\"inside noise\" means the 95% CI contains 0. Every figure is recomputable from "
+        "\"inside noise\" means the 95% CI contains 0. perm_avg averages the N cyclic "
+        "rotations of what it is shown, and the orderings of one base permutation are those "
+        "same rotations, so with T = N its answer per image is identical under every ordering "
+        "(Cons 100, RStd 0 by construction). Every figure is recomputable from "
         "predictions.jsonl (the calibration block from calibration.json).", "",
     ])  # fmt: skip
 
