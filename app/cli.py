@@ -1,35 +1,115 @@
-"""The ``lad`` command: one entry point that hands its remaining arguments to a module's main."""
+"""The ``lad`` command: one entry point that hands its remaining arguments to a module's main.
+
+A command's module is imported only when that command runs, and no command module imports
+torch before it has parsed its arguments, so ``lad --help`` and ``lad <command> --help``
+answer at once (tests/unit/test_cli.py checks that no torch import happens for --help).
+Every command's --help shows each option's default, whichever parser the command builds.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
 
-# sub-command -> module whose ``main(argv: list[str]) -> int | None`` runs it
-COMMANDS: dict[str, str] = {
-    "serve": "app.main",
-    "bench engine": "app.bench.engine",
-    "bench service": "app.bench.service",
-    "eval": "app.eval.cli",
-    "demo train": "app.demo.train",
-    "demo eval": "app.eval.cli",  # an alias: the demo world is lad eval's default dataset
+# sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, what it does)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("app.serve", "run the HTTP service (options: LAD_* variables or flags)"),
+    "bench engine": ("app.bench.engine",
+                     "measure plain forward vs capture + debias vs eager attention"),
+    "bench service": ("app.bench.service",
+                      "measure the HTTP service's throughput and latency, batching on/off"),
+    "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
+    "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
+    "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),
 }
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("lad-serve")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from app import __version__
+
+        return __version__
+
+
+def _overview() -> argparse.ArgumentParser:
+    width = max(len(c) for c in COMMANDS)
+    listing = "\n".join(f"  lad {c:<{width}}  {text}" for c, (_, text) in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="lad",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Position-debiased multi-image retrieval with multimodal LLMs.",
+        epilog=f"commands:\n{listing}\n\n`lad <command> --help` shows a command's options "
+        "and their defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"lad-serve {version()}")
+    parser.add_argument("command", nargs="*", help="one of the commands below")
+    return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help text followed by the option's default, when it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower() or default is None or default is argparse.SUPPRESS
+            or default is False or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+@contextlib.contextmanager
+def defaults_in_help() -> Iterator[None]:
+    """Parsers built inside show every default in --help unless they chose a formatter.
+
+    The commands' modules build plain ``argparse.ArgumentParser``s; ``lad`` gives them one
+    help style here instead of each module repeating it.
+    """
+    original = argparse.ArgumentParser.__init__
+
+    def init(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    argparse.ArgumentParser.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.__init__ = original  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``lad <command> [<sub-command>] args...`` lazily, so ``lad --help`` stays fast."""
+    """Dispatch ``lad <command> [<sub-command>] args...`` lazily."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for words in sorted(COMMANDS, key=lambda c: -len(c.split())):
         n = len(words.split())
         if argv[:n] == words.split():
-            module = importlib.import_module(COMMANDS[words])
-            result = module.main(argv[n:])
+            module = importlib.import_module(COMMANDS[words][0])
+            with defaults_in_help():
+                try:
+                    result = module.main(argv[n:])
+                except SystemExit as exc:  # argparse's --help and usage errors
+                    return exc.code if isinstance(exc.code, int) else 0
             return int(result or 0)
-    parser = argparse.ArgumentParser(prog="lad", description=__doc__)
-    parser.add_argument("command", choices=sorted(COMMANDS), help="what to run")
+    parser = _overview()
+    args = parser.parse_args(argv)
+    if args.command:
+        parser.print_usage(sys.stderr)
+        print(f"lad: unknown command {' '.join(args.command)!r}; see `lad --help`",
+              file=sys.stderr)
+        return 2
     parser.print_help()
-    return 2
+    return 2  # no command given
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The app factory and `lad serve`: one model, one queue, one store per process.
+"""The app factory: one model, one queue, one store per process (`lad serve`: app.serve).
 
 The model and the store are opened in the lifespan (not at import), so building an app
 is cheap; tests inject a tiny runner and a memory:// store. What the app opened it closes.
@@ -6,7 +6,6 @@ is cheap; tests inject a tiny runner and a memory:// store. What the app opened 
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +13,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app import __version__
+from app.api.docs import install_docs
 from app.api.main import api_router
+from app.api.request_id import RequestIdMiddleware
+from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestMetricsMiddleware
@@ -38,7 +41,8 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
     return load_runner(
         settings.model, revision=settings.revision, device=settings.device, dtype=settings.dtype,
         layers=settings.layers, prompt_variant=settings.prompt_variant,
-        threads=settings.torch_threads,
+        threads=settings.torch_threads, max_pixels=settings.max_pixels,
+        min_pixels=settings.min_pixels, device_map=settings.device_map,
     )
 
 
@@ -55,7 +59,7 @@ def create_app(
 ) -> FastAPI:
     """A service app; `runner` and `store` default to what the settings name."""
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = Metrics(max_images=settings.max_images, max_queue=settings.max_queue)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,36 +78,17 @@ def create_app(
                 the_store.close()
 
     app = FastAPI(
-        title="lad-serve", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan
+        title="lad-serve", version=__version__, description=API_DESCRIPTION, lifespan=lifespan,
+        docs_url=None, redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.service = None
     install_error_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware)  # outermost: the id exists before anything logs
     app.include_router(api_router)
+    install_docs(app)
+    for verb, path in ROUTE_ERRORS:
+        metrics.expect_errors(path, verb, error_statuses((verb, path)))
     return app
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`lad serve`: run uvicorn on the settings (CLI flags override LAD_* variables)."""
-    parser = argparse.ArgumentParser(prog="lad serve", description="Run the HTTP service.")
-    parser.add_argument("--host", help="bind address (LAD_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (LAD_PORT, default 8000)")
-    parser.add_argument("--model", help='model: "demo", hub name or path (LAD_MODEL)')
-    parser.add_argument("--store-url", help="profile store URL (LAD_STORE_URL)")
-    args = parser.parse_args(argv)
-    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "model": args.model,
-                                   "store_url": args.store_url}.items() if v is not None}
-    settings = Settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

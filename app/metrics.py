@@ -1,19 +1,30 @@
 """Prometheus metrics of one app instance (names prefixed ``lad_``, seconds, base units).
 
-Each app owns its own CollectorRegistry, so several apps in one process (tests, two
-replicas) never collide. Stage names are the pipeline's: decode, queue, forward, score,
-debias, encode. ``lad_debias_overhead_ratio`` is (score + debias) / forward per request,
-with forward and score the request's share of its batch: the attention-row capture runs
-inside the forward pass and cannot be timed apart from it, so label scoring (the other
-work AGD adds around the plain forward) stands in for it.
+The series and their labels are the ones deploy/README.md "Series" lists (the alert rules
+and the dashboard read exactly those). Each app owns its own CollectorRegistry, so several
+apps in one process (tests, two replicas) never collide.
+
+Labels: ``http_method`` is the HTTP verb; ``method`` is always a retrieval method (agd,
+vanilla, ...), empty where none applies. Stage names are the pipeline's: decode, queue,
+forward, score, debias, encode. ``lad_debias_overhead_ratio`` is (score + debias) / forward
+per request, forward and score being the request's share of its batch; the attention-row
+capture runs inside the forward and is measured apart, on a sample of batches, by the
+shadow forward (``lad_debias_latency_overhead_ratio``, app.service.shadow).
+
+Label values that panels and alerts select (error codes, calibration outcomes, fallback
+methods and N, store operations) are created at 0, so a quiet service shows 0, not
+"No data". The ``_created`` series are off (they double every counter's series).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import prometheus_client
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -27,20 +38,48 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import errors, logs
+from app.engine.methods import NEEDS_CALIBRATION
+
+prometheus_client.disable_created_metrics()
+
 STAGES: tuple[str, ...] = ("decode", "queue", "forward", "score", "debias", "encode")
+STORE_OPERATIONS: tuple[str, ...] = (
+    "get", "put", "list", "versions", "delete", "rollback", "health",
+)  # fmt: skip
+CALIBRATION_OUTCOMES: tuple[str, ...] = ("success", "invalid", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RATIO_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+# the shadow comparison of two timed forwards can come out slightly negative (noise)
+_SIGNED_RATIO_BUCKETS = (
+    -0.05, -0.02, -0.01, -0.005, 0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2,
+)  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_IMAGE_BUCKETS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
+_TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+ProfileRow = tuple[str, str, int, int, float, "list[float] | None"]
+"""(profile, labels, n, version, created timestamp, calibration position share)."""
+
+
+def error_codes() -> list[str]:
+    """Every code of the error table (app.errors), the generic ones included."""
+    found: set[str] = {"http_error"}
+    stack: list[type[errors.ServiceError]] = [errors.ServiceError]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls is not errors.ServiceError:
+            found.add(cls.code)
+    return sorted(found)
 
 
 class ProfileCollector(Collector):
-    """lad_profile_version / lad_profile_created_timestamp_seconds, read at scrape time.
+    """Per profile this replica serves, read at scrape time from the store's in-memory copy:
+    lad_profile_version, lad_profile_created_timestamp_seconds and
+    lad_profile_calibration_position_share (every position 0..N-1, zeros included)."""
 
-    `source()` yields (profile, labels, n, version, created_timestamp) for the running model
-    from the store's in-memory copy, so every replica reports what it would serve.
-    """
-
-    def __init__(self, source: Callable[[], Iterator[tuple[str, str, int, int, float]]]) -> None:
+    def __init__(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
         self.source = source
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -53,71 +92,218 @@ class ProfileCollector(Collector):
             "Creation time of the current calibration profile version (Unix seconds)",
             labels=names,
         )
+        share = GaugeMetricFamily(
+            "lad_profile_calibration_position_share",
+            "Share of the current version's M x N calibration passes whose raw argmax was "
+            "this position (profiles calibrated before this was recorded have none)",
+            labels=[*names, "position"],
+        )
         try:
             rows = list(self.source())
-        except Exception:
+        except Exception:  # a failing store must not break the scrape
             rows = []
-        for name, labels, n, ver, ts in rows:
+        for name, labels, n, ver, ts, position_share in rows:
             version.add_metric([name, labels, str(n)], ver)
             created.add_metric([name, labels, str(n)], ts)
+            for position, value in enumerate(position_share or ()):
+                share.add_metric([name, labels, str(n), str(position)], value)
         yield version
         yield created
+        yield share
+
+
+class GpuMemoryCollector(Collector):
+    """lad_gpu_memory_bytes{device, type}: torch's allocated and reserved bytes and the
+    device's total, per CUDA device, at scrape time. Nothing without torch or CUDA (torch
+    is never imported here: the wire path stays torch-free)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "lad_gpu_memory_bytes", "GPU memory: torch allocated and reserved, device total",
+            labels=["device", "type"],
+        )  # fmt: skip
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_available() and cuda.is_initialized():
+            for index in range(cuda.device_count()):
+                device = f"cuda:{index}"
+                family.add_metric([device, "allocated"], float(cuda.memory_allocated(index)))
+                family.add_metric([device, "reserved"], float(cuda.memory_reserved(index)))
+                total = cuda.get_device_properties(index).total_memory
+                family.add_metric([device, "total"], float(total))
+        yield family
 
 
 class Metrics:
-    """All metrics of one service instance, registered in `self.registry`."""
+    """All metrics of one service instance, registered in ``self.registry``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_images: int = 12, max_queue: int | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._http(r)
+        self._pipeline(r)
+        self._answers(r, max_images)
+        self._state(r, max_queue)
+        self._profiles = ProfileCollector(lambda: iter(()))
+        r.register(self._profiles)
+        r.register(GpuMemoryCollector())
+
+    # ------------------------------------------------------------------ declarations
+    def _http(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
-            "lad_requests", "HTTP requests", ["route", "method", "status"], registry=r
-        )
+            "lad_requests", "HTTP requests by route template, HTTP verb and status",
+            ["route", "http_method", "status"], registry=r,
+        )  # fmt: skip
         self.request_duration = Histogram(
-            "lad_request_duration_seconds", "HTTP request latency", ["route", "method"],
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
+            "lad_request_duration_seconds",
+            "HTTP request latency; method = retrieval method on /v1/retrieve, else empty",
+            ["route", "http_method", "method"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "lad_requests_in_flight", "HTTP requests being handled (not /metrics, /healthz)",
+            registry=r,
+        )  # fmt: skip
+        self.errors = Counter("lad_errors", "Error answers by code", ["code"], registry=r)
+        for code in error_codes():
+            self.errors.labels(code=code)
+
+    def _pipeline(self, r: CollectorRegistry) -> None:
         self.stage_duration = Histogram(
-            "lad_stage_duration_seconds", "Latency of each pipeline stage per request", ["stage"],
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )
+            "lad_stage_duration_seconds", "Latency of each pipeline stage per request",
+            ["stage", "method"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.debias_overhead = Histogram(
             "lad_debias_overhead_ratio",
             "(score + debias) time over forward time per request (capture is inside forward)",
-            buckets=_RATIO_BUCKETS, registry=r,
-        )
-        self.queue_depth = Gauge("lad_queue_depth", "Items waiting for the model worker",
-                                 registry=r)
+            ["method"], buckets=_RATIO_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.debias_latency_overhead = Histogram(
+            "lad_debias_latency_overhead_ratio",
+            "Shadow-sampled batches: (forward with capture - plain SDPA forward) over "
+            "(plain forward + score), the extra latency of the attention evidence",
+            buckets=_SIGNED_RATIO_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.shadow_forward = Histogram(
+            "lad_shadow_forward_seconds",
+            "Plain forwards run for the overhead sample (model time not spent on requests)",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.batch_size = Histogram("lad_batch_size", "Items per forward batch",
                                     buckets=_BATCH_BUCKETS, registry=r)
+        self.request_images = Histogram(
+            "lad_request_images", "Candidate images (N) per retrieve request", ["method"],
+            buckets=_IMAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Histogram(
+            "lad_prompt_tokens", "Tokens of one forward prompt per retrieve request, images "
+            "included", ["method"], buckets=_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+
+    def _answers(self, r: CollectorRegistry, max_images: int) -> None:
+        self.predicted_position = Counter(
+            "lad_predicted_position", "Answers by predicted 0-based position; kind raw (model "
+            "argmax) or debiased; profile/labels of the profile served, empty without one",
+            ["method", "kind", "position", "profile", "labels", "n"], registry=r,
+        )  # fmt: skip
+        self.fallback = Counter(
+            "lad_fallback", "Vanilla fallback answers for want of a profile (not debiased), "
+            "by requested method and N", ["method", "n"], registry=r,
+        )  # fmt: skip
+        for method in sorted(NEEDS_CALIBRATION):
+            for n in range(2, max_images + 1):
+                self.fallback.labels(method=method, n=str(n))
         self.calibrations = Counter("lad_calibrations", "Calibrations by outcome", ["outcome"],
                                     registry=r)
+        for outcome in CALIBRATION_OUTCOMES:
+            self.calibrations.labels(outcome=outcome)
         self.calibration_duration = Histogram(
             "lad_calibration_duration_seconds", "Duration of successful calibrations",
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
-        )
+        )  # fmt: skip
+        self.model_info = Info("lad_model", "The model this replica serves", registry=r)
+
+    def _state(self, r: CollectorRegistry, max_queue: int | None) -> None:
+        self.queue_depth = Gauge("lad_queue_depth", "Items waiting for the model worker",
+                                 registry=r)
+        self.queue_capacity = Gauge("lad_queue_capacity", "Queue capacity (LAD_MAX_QUEUE)",
+                                    registry=r)
+        if max_queue is not None:
+            self.queue_capacity.set(max_queue)
         self.store_errors = Counter("lad_store_errors", "Calibration store errors",
                                     ["operation"], registry=r)
-        self.predicted_position = Counter(
-            "lad_predicted_position", "Predicted image position (0-based)",
-            ["method", "position", "kind"], registry=r,
-        )
-        self.model_info = Info("lad_model", "The model this replica serves", registry=r)
-        for outcome in ("success", "invalid", "error"):
-            self.calibrations.labels(outcome=outcome)
-        self._profiles = ProfileCollector(lambda: iter(()))
-        r.register(self._profiles)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation=operation)
+        self.store_degraded = Gauge(
+            "lad_store_degraded", "1 while the store is unreachable and the replica serves "
+            "its cached profiles, else 0", registry=r,
+        )  # fmt: skip
 
-    def observe_stages(self, timings_ms: dict[str, float]) -> None:
+    # ------------------------------------------------------------------ observations
+    def observe_stages(self, timings_ms: dict[str, float], method: str) -> None:
         for stage in STAGES:
             if stage in timings_ms:
-                self.stage_duration.labels(stage=stage).observe(timings_ms[stage] / 1000.0)
+                self.stage_duration.labels(stage=stage, method=method).observe(
+                    timings_ms[stage] / 1000.0
+                )
 
-    def watch_queue(self, depth: Callable[[], int]) -> None:
-        self.queue_depth.set_function(lambda: float(depth()))
-
-    def watch_profiles(
-        self, source: Callable[[], Iterator[tuple[str, str, int, int, float]]]
+    def observe_answer(
+        self,
+        *,
+        method: str,
+        n: int,
+        raw: int,
+        debiased: int | None,
+        profile: tuple[str, str] | None,
+        fallback_for: str | None,
+        prompt_tokens: int | None,
     ) -> None:
+        """One retrieve answer: positions, N, prompt size, and the fallback it may be.
+
+        ``profile`` is (name, label scheme) of the profile served; ``fallback_for`` the
+        requested method when the vanilla fallback answered instead.
+        """
+        name, labels = profile or ("", "")
+        common = {"method": method, "profile": name, "labels": labels, "n": str(n)}
+        self.predicted_position.labels(kind="raw", position=str(raw), **common).inc()
+        if debiased is not None:
+            self.predicted_position.labels(kind="debiased", position=str(debiased), **common).inc()
+        if fallback_for is not None:
+            self.fallback.labels(method=fallback_for, n=str(n)).inc()
+        self.request_images.labels(method=method).observe(n)
+        if prompt_tokens is not None:
+            self.prompt_tokens.labels(method=method).observe(prompt_tokens)
+
+    def expect_errors(self, route: str, http_method: str, statuses: Iterable[int]) -> None:
+        """Create a route's error counters at 0 (panels of 5xx / 429 shares show 0)."""
+        for status in statuses:
+            self.requests.labels(route=route, http_method=http_method, status=str(status))
+
+    def observe_request(
+        self, route: str, http_method: str, status: int, seconds: float, method: str,
+        error_code: str | None,
+    ) -> None:
+        self.requests.labels(route=route, http_method=http_method, status=str(status)).inc()
+        self.request_duration.labels(route=route, http_method=http_method,
+                                     method=method).observe(seconds)
+        if error_code is not None:
+            self.errors.labels(code=error_code).inc()
+
+    # ------------------------------------------------------------------ read at scrape time
+    def watch_queue(self, depth: Callable[[], int], capacity: int) -> None:
+        self.queue_depth.set_function(lambda: float(depth()))
+        self.queue_capacity.set(capacity)
+
+    def watch_store(self, healthy: Callable[[], bool]) -> None:
+        """``lad_store_degraded`` from the store's own health flag (cheap, no I/O)."""
+
+        def degraded() -> float:
+            try:
+                return 0.0 if healthy() else 1.0
+            except Exception:
+                return 1.0
+
+        self.store_degraded.set_function(degraded)
+
+    def watch_profiles(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
         self._profiles.source = source
 
     def set_model_info(self, info: dict[str, Any]) -> None:
@@ -127,8 +313,24 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+QUIET_PATHS = frozenset({"/metrics", "/healthz"})
+"""Scrapes and liveness probes: counted, but neither in flight nor in the request log."""
+_MAX_ERROR_BODY = 64 * 1024
+
+
+def _error_code(body: bytes) -> str | None:
+    """The ``code`` of an error envelope (None when the body is not one)."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
 class RequestMetricsMiddleware:
-    """Counts requests and their latency by route template (not raw path), method and status."""
+    """Per request: counts and latency by route template (not raw path), HTTP verb, status
+    and retrieval method; the in-flight gauge; errors by code (read from the error
+    envelope); and the request's log line (``app.logs``), except for QUIET_PATHS."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -139,21 +341,45 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        quiet = scope.get("path") in QUIET_PATHS
+        record = logs.RequestRecord(
+            request_id=scope.get(logs.REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
+        )
+        error_body = bytearray()
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
             if message["type"] == "http.response.start":
-                status = int(message["status"])
+                record.status = int(message["status"])
+            elif message["type"] == "http.response.body" and record.status >= 400:
+                room = _MAX_ERROR_BODY - len(error_body)
+                error_body.extend(message.get("body", b"")[: max(room, 0)])
             await send(message)
 
+        if not quiet:
+            self.metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_wrapper)
+            with logs.request_scope(record):
+                await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            record.status = record.status or 500
+            record.error_code = record.error_code or "internal_error"
+            raise
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(route=template, method=method, status=str(status)).inc()
-            self.metrics.request_duration.labels(route=template, method=method).observe(
-                time.perf_counter() - started
-            )
+            if not quiet:
+                self.metrics.in_flight.dec()
+            self._finish(scope, record, bytes(error_body), started, quiet)
+
+    def _finish(self, scope: Scope, record: logs.RequestRecord, error_body: bytes,
+                started: float, quiet: bool) -> None:
+        record.status = record.status or 500
+        record.route = getattr(scope.get("route"), "path", None) or "unmatched"
+        record.latency_ms = round((time.perf_counter() - started) * 1e3, 2)
+        if record.status >= 400 and record.error_code is None:
+            record.error_code = _error_code(error_body) or "http_error"
+        method = (record.method or "") if record.route == "/v1/retrieve" else ""
+        self.metrics.observe_request(
+            record.route, record.http_method, record.status, record.latency_ms / 1e3, method,
+            record.error_code,
+        )  # fmt: skip
+        if not quiet:
+            logs.log_request(record)

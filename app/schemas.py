@@ -23,6 +23,33 @@ LABELS_DESCRIPTION = (
 )
 
 
+# Three 32 x 32 PNGs (a red circle, a green square, a blue triangle): the examples of the
+# OpenAPI document, valid input for "Try it out".
+EXAMPLE_IMAGES: tuple[str, ...] = (
+    (
+        "iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAgUlEQVR42u1W2w3AIAiUS5foCO4/jCN0Av87QK1c"
+        "oIQ0gU9zDzVyKHPOFllowVUG+QYHibt6fy6eY6hEUZ/pUpq3gVNdxcCpriLhV9/j8Yn6hpXRB7btv3ErKsogxIDJ"
+        "SD74kq7IdoglC7aU5/EwTxISCc+0YjBC/uwCZ3J18u8Nbog+MrtWHm33AAAAAElFTkSuQmCC"
+    ),
+    (
+        "iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAPUlEQVR42mP8+vUrAy0BEwONwagFI8ACFqyimqvd"
+        "yTPueujO0TgYtWDUglELRi0YtWBYWsA42rIbtYBiAACqRwj/SUU4RgAAAABJRU5ErkJggg=="
+    ),
+    (
+        "iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAeUlEQVR42mP8+vUrAy0BEwONwagF1LfAOPD5UPYB"
+        "xPkkeWIw+QDZ4cR7YtD4ANPJRHpicPgAl2OJ8cQg8AF+ZxL0xED7gJhQxq9mQH1AfHbFo3LgfEBquY9L/QD5gFTn"
+        "49E1ED4gz/m49NLdB5Q4H6sJjKNt0wG3AAAaOyaawcmNfwAAAABJRU5ErkJggg=="
+    ),
+)
+RETRIEVE_EXAMPLE: dict[str, object] = {
+    "query": "a small green square", "images": list(EXAMPLE_IMAGES), "method": "vanilla",
+}
+CALIBRATE_EXAMPLE: dict[str, object] = {
+    "profile": "default", "labels": "digits",
+    "examples": [{"query": "a small green square", "images": list(EXAMPLE_IMAGES), "answer": 1}],
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -40,6 +67,8 @@ class RetrieveOptions(_Strict):
 class RetrieveRequest(RetrieveOptions):
     """One query and its N candidate images (JSON encoding of POST /v1/retrieve)."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [RETRIEVE_EXAMPLE]})
+
     query: str = Field(min_length=1, description="the caption to match", examples=["a red star"])
     images: list[str] = Field(
         min_length=1,
@@ -48,8 +77,10 @@ class RetrieveRequest(RetrieveOptions):
 
 
 class ProfileRef(BaseModel):
-    name: str
-    version: int
+    """The calibration profile an answer used."""
+
+    name: str = Field(description="profile name")
+    version: int = Field(description="the profile version that was current")
 
 
 class RetrieveDetails(BaseModel):
@@ -71,18 +102,25 @@ class RetrieveResponse(BaseModel):
     posterior: list[float] | None = Field(None, description="attention posterior π (agd)")
     method: str = Field(description="the method that produced the answer")
     debiased: bool = Field(description="false for vanilla, including the uncalibrated fallback")
-    profile: ProfileRef | None = None
-    model: str
+    profile: ProfileRef | None = Field(
+        None, description="the profile applied; null for vanilla, attn_raw, perm_avg and the "
+        "uncalibrated fallback"
+    )
+    model: str = Field(description="the model id that answered (LAD_MODEL)")
     timings_ms: dict[str, float] = Field(
         description="decode, queue, forward, score, debias, encode (forward and score are "
         "totals of the batch this request ran in)"
     )
-    details: RetrieveDetails | None = None
+    details: RetrieveDetails | None = Field(
+        None, description="the evidence behind the answer, with return_details=true"
+    )
 
 
 # ---------------------------------------------------------------------------- calibrate
 class CalibrationExample(_Strict):
-    query: str = Field(min_length=1)
+    """One calibration example: a query, its N images and which one matches."""
+
+    query: str = Field(min_length=1, description="the caption of the matching image")
     images: list[str] = Field(min_length=1, description="N images, same encodings as retrieve")
     answer: int = Field(ge=0, description="0-based index of the matching image")
 
@@ -96,93 +134,122 @@ class CalibrateRequest(_Strict):
         description=f"1..{MAX_CALIBRATION_EXAMPLES} examples; "
         f"{RECOMMENDED_CALIBRATION_EXAMPLES} is the recommended (and the paper's) setting",
     )
-    profile: str = Field("default", pattern=NAME_PATTERN)
+    profile: str = Field("default", pattern=NAME_PATTERN, description="profile name to calibrate")
     labels: Labels = Field("digits", description=LABELS_DESCRIPTION)
+
+    model_config = ConfigDict(json_schema_extra={"examples": [CALIBRATE_EXAMPLE]})
 
 
 class CalibrateResponse(BaseModel):
-    profile: str
-    version: int
-    model: str
+    """The new profile version and its estimates."""
+
+    profile: str = Field(description="profile name")
+    version: int = Field(description="the new version, now current")
+    model: str = Field(description="the model id the profile is for")
     labels: str = Field(description="label scheme name stored with the profile")
-    n: int
-    num_examples: int
+    n: int = Field(description="number of images N the profile is for")
+    num_examples: int = Field(description="M, calibration examples used")
     forward_passes: int = Field(description="M x N rotated instances run")
     bias_matrix: list[list[float]] = Field(description="B[t, j]: rows = GT position t")
     attention_prior: list[list[float]] = Field(description="P[l, k], rows in the order of layers")
-    layers: list[int]
+    layers: list[int] = Field(description="candidate layers Λ (rows of attention_prior)")
     sink_layers: list[int] = Field(
         default_factory=list,
         description="layers whose attention prior puts < 1e-6 on some position; with "
         "LAD_SINK_GUARD on (the default) they are left out of L*",
     )
-    hyperparameters: dict[str, object]
-    created_at: datetime | None
-    duration_s: float
+    hyperparameters: dict[str, object] = Field(
+        description="the inference settings recorded with the profile (K, τ, variants, M)"
+    )
+    created_at: datetime | None = Field(description="when the store saved this version (UTC)")
+    duration_s: float = Field(description="seconds the calibration took")
 
 
 # ---------------------------------------------------------------------------- profiles
 class ProfileVersion(BaseModel):
-    version: int
-    created_at: datetime | None
-    num_examples: int
-    current: bool
+    """One kept version of a profile."""
+
+    version: int = Field(description="version number (1, 2, ...)")
+    created_at: datetime | None = Field(description="when it was stored (UTC)")
+    num_examples: int = Field(description="M, calibration examples used")
+    current: bool = Field(description="whether retrieval uses this version now")
 
 
 class ProfileEntry(BaseModel):
     """One (label scheme, N) of a profile name with its kept versions."""
 
-    labels: str
-    n: int
-    current_version: int
-    created_at: datetime | None
-    num_examples: int
+    labels: str = Field(description="label scheme name")
+    n: int = Field(description="number of images N")
+    current_version: int = Field(description="the version retrieval uses")
+    created_at: datetime | None = Field(description="when the current version was stored (UTC)")
+    num_examples: int = Field(description="M of the current version")
     compatible: bool = Field(description="its fingerprint matches the running engine")
-    versions: list[ProfileVersion] = Field(default_factory=list)
+    versions: list[ProfileVersion] = Field(
+        default_factory=list, description="kept versions (GET /v1/profiles/{name} only)"
+    )
 
 
 class ProfileSummary(BaseModel):
-    name: str
-    model: str
-    entries: list[ProfileEntry]
+    """One profile name of the running model."""
+
+    name: str = Field(description="profile name")
+    model: str = Field(description="the running model's id")
+    entries: list[ProfileEntry] = Field(description="one per (label scheme, N) calibrated")
 
 
 class ProfileList(BaseModel):
-    model: str
-    profiles: list[ProfileSummary]
+    """Every profile of the running model."""
+
+    model: str = Field(description="the running model's id")
+    profiles: list[ProfileSummary] = Field(description="profiles by name")
 
 
 class ProfileDeleted(BaseModel):
-    name: str
-    labels: str
-    n: int
-    deleted: bool
+    """A profile (labels, N) deleted with every version."""
+
+    name: str = Field(description="profile name")
+    labels: str = Field(description="label scheme name")
+    n: int = Field(description="number of images N")
+    deleted: bool = Field(description="always true (a missing profile answers 404)")
 
 
 class ProfileRolledBack(BaseModel):
-    name: str
-    labels: str
-    n: int
+    """A rollback: which version is current now, and which was before."""
+
+    name: str = Field(description="profile name")
+    labels: str = Field(description="label scheme name")
+    n: int = Field(description="number of images N")
     version: int = Field(description="the version now current")
-    previous_version: int
+    previous_version: int = Field(description="the version that was current before")
 
 
 # ---------------------------------------------------------------------------- health
 class Health(BaseModel):
-    status: Literal["ok"] = "ok"
+    """Liveness: the process answers."""
+
+    status: Literal["ok"] = Field("ok", description="always ok")
 
 
 class Readiness(BaseModel):
-    ready: bool
-    model: dict[str, object]
-    store: dict[str, object]
-    queue: dict[str, int]
+    """Whether this replica can answer retrieval, and why not."""
+
+    ready: bool = Field(description="model loaded, worker running and store reachable")
+    model: dict[str, object] = Field(
+        description="loaded, worker_running, model_id, revision, dtype, device, "
+        "attention_backend, layers"
+    )
+    store: dict[str, object] = Field(description="the profile store's health (backend, ok...)")
+    queue: dict[str, int] = Field(description="depth, max_queue, max_batch_size")
 
 
 class ErrorDetail(BaseModel):
-    code: str
-    message: str
+    """What went wrong, for a program (code) and for a person (message)."""
+
+    code: str = Field(description="stable error code (the README's error table)")
+    message: str = Field(description="what happened and what to do")
 
 
 class ErrorResponse(BaseModel):
-    error: ErrorDetail
+    """The one error envelope of every error answer."""
+
+    error: ErrorDetail = Field(description="the error")

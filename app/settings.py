@@ -38,6 +38,17 @@ class Settings(BaseSettings):
     prompt_variant: Literal["vanilla", "instruction"] = Field(
         "vanilla", description="prompt wording of DESIGN §2.6 (part of the profile fingerprint)"
     )
+    max_pixels: int | None = Field(
+        None, ge=1, description="pixel budget per image for the model's image processor "
+        "(width x height after resizing; bounds the image tokens; unset: the model's own)"
+    )
+    min_pixels: int | None = Field(
+        None, ge=1, description="least pixels per image for the model's image processor"
+    )
+    device_map: str | None = Field(
+        None, description='transformers device_map, e.g. "auto" to spread a model over '
+        "several GPUs (unset: the whole model on LAD_DEVICE)"
+    )
 
     # --- calibration store ----------------------------------------------------------------
     store_url: str = Field(
@@ -70,6 +81,18 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         None, description="bearer token for calibrate, delete and rollback (unset: open); "
         "also accepted by /v1/retrieve"
+    )
+
+    # --- operations -----------------------------------------------------------------------
+    log_format: Literal["json", "text"] = Field(
+        "text", description="json: one JSON object per line (log collectors); text: for people"
+    )
+    drain_timeout_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, most seconds to finish in-flight requests"
+    )
+    overhead_sample_rate: float = Field(
+        0.0, ge=0, le=1, description="fraction of batches also run without attention capture "
+        "to measure the latency overhead of debiasing live (0: off; e.g. 0.01)"
     )
 
     # --- method ---------------------------------------------------------------------------

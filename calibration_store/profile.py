@@ -117,6 +117,12 @@ class Profile(_FingerprintFields):
     version: int = Field(default=0, ge=0)
     created_at: datetime | None = None
     notes: str | None = Field(default=None, max_length=4096)
+    calibration_position_share: list[float] | None = Field(
+        default=None,
+        description="share of the M x N calibration passes whose raw argmax (the model's own "
+        "choice) was each position 0..N-1; the reference of the raw position-drift alert. "
+        "Absent in profiles written before it was recorded.",
+    )
 
     @field_validator("schema_version")
     @classmethod
@@ -125,7 +131,8 @@ class Profile(_FingerprintFields):
             raise UnknownSchemaVersion(v)
         return v
 
-    @field_validator("bias_matrix", "attention_prior", mode="before")
+    @field_validator("bias_matrix", "attention_prior", "calibration_position_share",
+                     mode="before")
     @classmethod
     def _arrays_to_lists(cls, v: Any) -> Any:
         return _as_lists(v)
@@ -167,7 +174,17 @@ class Profile(_FingerprintFields):
             raise ValueError("attention_prior holds a negative attention mass")
         if not set(self.sink_layers) <= set(self.layers):
             raise ValueError(f"sink_layers {self.sink_layers} must be a subset of layers")
+        self._check_position_share()
         return self
+
+    def _check_position_share(self) -> None:
+        share = self.calibration_position_share
+        if share is None:
+            return
+        if len(share) != self.n:
+            raise ValueError(f"calibration_position_share must have N = {self.n} entries")
+        if not all(math.isfinite(x) and x >= 0 for x in share) or abs(sum(share) - 1) > 1e-6:
+            raise ValueError("calibration_position_share must be non-negative and sum to 1")
 
     # ----------------------------------------------------------------- views
     @property
@@ -203,6 +220,7 @@ class Profile(_FingerprintFields):
         hyperparameters: dict[str, Any] | None = None,
         notes: str | None = None,
         sink_layers: Any = (),
+        calibration_position_share: Any = None,
     ) -> Profile:
         """Build an unstored profile from a runner fingerprint and the estimates."""
         fp = Fingerprint.of(fingerprint)
@@ -217,6 +235,7 @@ class Profile(_FingerprintFields):
             hyperparameters=hyperparameters or {},
             notes=notes,
             sink_layers=[int(x) for x in sink_layers],
+            calibration_position_share=calibration_position_share,
         )
 
     def stored_as(self, version: int, created_at: datetime | None = None) -> Profile:

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from app import errors
+from app import errors, logs
 from app.service import Service
 from app.settings import Settings
 
@@ -33,31 +33,40 @@ ServiceDep = Annotated[Service, Depends(get_service)]
 
 
 def _check_token(credentials: HTTPAuthorizationCredentials | None,
-                 accepted: list[SecretStr], what: str) -> None:
-    """Constant-time comparison against every accepted token; no token configured = open."""
+                 accepted: dict[str, SecretStr], what: str) -> None:
+    """Constant-time comparison against every accepted token; no token configured = open.
+
+    The name of the token that matched ("admin", "retrieve", or "open" when none is
+    configured) goes into the request's log record: the audit lines say who acted.
+    """
     if not accepted:
+        logs.note(token="open")
         return
     if credentials is None or not credentials.credentials:
         raise errors.Unauthorized(f"{what} needs a bearer token (Authorization: Bearer <token>)")
     given = credentials.credentials.encode()
-    matches = [hmac.compare_digest(given, t.get_secret_value().encode()) for t in accepted]
-    if not any(matches):
+    matches = {name: hmac.compare_digest(given, t.get_secret_value().encode())
+               for name, t in accepted.items()}
+    matched = [name for name, ok in matches.items() if ok]
+    if not matched:
         raise errors.Forbidden(f"the bearer token is not valid for {what}")
+    logs.note(token=matched[0])
 
 
 def require_retrieve_token(settings: SettingsDep, credentials: Credentials) -> None:
     """LAD_RETRIEVE_TOKEN, when set, guards retrieval; the admin token is accepted too."""
+    accepted = {}
     if settings.retrieve_token is not None:
-        accepted = [settings.retrieve_token]
+        accepted["retrieve"] = settings.retrieve_token
         if settings.admin_token is not None:
-            accepted.append(settings.admin_token)
-        _check_token(credentials, accepted, "retrieval")
+            accepted["admin"] = settings.admin_token
+    _check_token(credentials, accepted, "retrieval")
 
 
 def require_admin_token(settings: SettingsDep, credentials: Credentials) -> None:
     """LAD_ADMIN_TOKEN, when set, guards calibrate, delete and rollback."""
-    if settings.admin_token is not None:
-        _check_token(credentials, [settings.admin_token], "this admin operation")
+    accepted = {"admin": settings.admin_token} if settings.admin_token is not None else {}
+    _check_token(credentials, accepted, "this admin operation")
 
 
 RetrieveAuth = Depends(require_retrieve_token)

@@ -40,8 +40,6 @@ from app.demo.train_data import (
 from app.engine.attention import default_layers
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "model"
-
 
 def build_config(vocab_size: int, tokenizer_ids: dict[str, int], **overrides) -> Qwen2_5_VLConfig:
     """The demo architecture: a real Qwen2.5-VL config, shrunk (4 tokens per 56 px image)."""
@@ -283,23 +281,8 @@ def save_model(
     (out_dir / "training_log.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point of ``lad demo train``."""
-    ap = argparse.ArgumentParser(prog="lad demo train", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model directory")
-    ap.add_argument("--steps", type=int, default=8000, help="total optimiser steps")
-    ap.add_argument("--caption-fraction", type=float, default=0.15,
-                    help="share of the steps spent on stage 1 (captioning)")  # fmt: skip
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--aux-weight", type=float, default=1.0,
-                    help="weight of the attention-mass loss (0 disables it)")  # fmt: skip
-    ap.add_argument("--corruption", type=float, default=1.0,
-                    help="scale of the label corruption Q (0: none)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=50)
-    args = ap.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """``lad demo train`` after its arguments are parsed (app.demo.train_cli)."""
     torch.set_num_threads(args.threads)
     caption_steps = round(args.steps * args.caption_fraction)
     train(
@@ -316,6 +299,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saved to {args.out}", flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -66,3 +66,14 @@ def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Cali
         attention_prior=debias.estimate_attention_prior(attention),
         kappa=debias.visual_gain(debias.observed_matrix(scores, gt_positions)),
     )
+
+
+def raw_position_share(scores: Any) -> np.ndarray:
+    """Share of the instances (R, N) whose raw argmax (the model's own choice) is each
+    position (N,). On the rotated calibration instances the GT visits every position
+    equally often, so this is the model's position preference alone: the reference that
+    live raw answers are compared with (the raw position-drift alert)."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] == 0:
+        raise ValueError(f"scores must be (R, N) with R >= 1, got shape {s.shape}")
+    return np.bincount(s.argmax(axis=1), minlength=s.shape[1]) / s.shape[0]

@@ -35,6 +35,7 @@ class ForwardResult:
     scores: list[np.ndarray]
     attention: list[np.ndarray]
     timings_ms: dict[str, float]
+    prompt_tokens: list[int] | None = None  # per item: its prompt's tokens, images included
 
 
 class RunnerLike(Protocol):

@@ -230,7 +230,31 @@ class Runner:
         tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            return self._forward_processed(self.process(items, labels), tries, start)
+            batch = self.process(items, labels)
+            result = self._forward_processed(batch, tries, start)
+        result.prompt_tokens = [int(t) for t in batch.attention_mask.sum(-1).tolist()]
+        return result
+
+    def plain_forward_ms(
+        self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits"
+    ) -> dict[str, float]:
+        """The shadow measurement: the same prompt forward as ``forward`` (same folding,
+        same kept logits) with nothing captured, i.e. what a plain SDPA model would run.
+        Returns its ``process`` and ``forward`` milliseconds; no scores."""
+        tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
+        with self._lock, torch.inference_mode():
+            start = time.perf_counter()
+            batch = self.process(items, labels)
+            processed = time.perf_counter()
+            chains = [chain_path(t) for t in tries]
+            if self._fold_chains and all(c is not None for c in chains):
+                self._folded_forward(batch, chains, record=False)
+            else:
+                self._prompt_forward(batch, tries, record=False)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            done = time.perf_counter()
+        return {"process": (processed - start) * 1e3, "forward": (done - processed) * 1e3}
 
     def _forward_processed(
         self, batch: PromptBatch, tries: Sequence[LabelTrie], start: float | None = None
@@ -264,9 +288,13 @@ class Runner:
         )
 
     def _capture_forward(
-        self, batch: PromptBatch, query_index: torch.Tensor | None, **kwargs: Any
+        self, batch: PromptBatch, query_index: torch.Tensor | None, record: bool = True,
+        **kwargs: Any,
     ) -> tuple[Any, list[np.ndarray]]:
-        """The one prompt forward with the t_q rows of Λ captured; returns (output, a)."""
+        """The one prompt forward with the t_q rows of Λ captured; returns (output, a).
+        ``record=False``: the same forward with nothing captured (output, [])."""
+        if not record:
+            return self.model(**self.adapter.prompt_kwargs(batch), **kwargs), []
         with capture(self.layers, query_index) as session:
             out = self.model(**self.adapter.prompt_kwargs(batch), **kwargs)
         spans = [
@@ -276,7 +304,7 @@ class Runner:
         return out, aggregate_spans(session, self.layers, spans)
 
     def _folded_forward(
-        self, batch: PromptBatch, chains: Sequence[tuple[int, ...] | None]
+        self, batch: PromptBatch, chains: Sequence[tuple[int, ...] | None], record: bool = True
     ) -> tuple[torch.Tensor, list[np.ndarray], list[tuple[int, ...]]]:
         """Prompt + each row's chain in one forward; kept logits (B, D + 1, V), a, chains."""
         rows = [c or () for c in chains]
@@ -287,16 +315,18 @@ class Runner:
             pad_id = self.adapter.end_token_id() if pad_id is None else int(pad_id)
             batch, query_index = fold_batch(batch, rows, pad_id)
         out, attention = self._capture_forward(
-            batch, query_index, use_cache=False, logits_to_keep=depth + 1
+            batch, query_index, record, use_cache=False, logits_to_keep=depth + 1
         )
         return out.logits, attention, rows
 
     def _prompt_forward(
-        self, batch: PromptBatch, tries: Sequence[LabelTrie]
+        self, batch: PromptBatch, tries: Sequence[LabelTrie], record: bool = True
     ) -> tuple[torch.Tensor, list[np.ndarray], DynamicCache | None]:
         """The plain prompt forward, keeping the KV cache when some row needs steps."""
         needs_steps = any(t.branching_nodes(d) for t in tries for d in range(1, t.max_depth))
-        out, attention = self._capture_forward(batch, None, use_cache=needs_steps, logits_to_keep=1)
+        out, attention = self._capture_forward(
+            batch, None, record, use_cache=needs_steps, logits_to_keep=1
+        )
         return out.logits, attention, out.past_key_values if needs_steps else None
 
     def _cached_step(self, batch: PromptBatch, cache: DynamicCache | None) -> StepFn:

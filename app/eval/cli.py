@@ -37,9 +37,9 @@ def _layers(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lad eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     d = " (default: %(default)s)"
     add = p.add_argument
@@ -97,16 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from(argv: list[str]) -> EvalConfig:
-    args = vars(build_parser().parse_args(argv))
+def config_from(argv: list[str], prog: str = "lad eval") -> EvalConfig:
+    args = vars(build_parser(prog).parse_args(argv))
     quiet = args.pop("quiet")
     return EvalConfig(**args, progress=not quiet,
-                      command="lad eval " + shlex.join(argv))  # fmt: skip
+                      command=f"{prog} {shlex.join(argv)}")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     """Parse, load the model, run, print the headline table."""
-    config = config_from(list(sys.argv[1:] if argv is None else argv))
+    config = config_from(list(sys.argv[1:] if argv is None else argv), prog)
     from app.models.loader import load_runner
     from app.settings import Settings
 

@@ -69,6 +69,15 @@ class HFAdapter:
         )
 
     @classmethod
+    def set_pixel_budget(
+        cls, processor: Any, max_pixels: int | None, min_pixels: int | None
+    ) -> str | None:
+        """Bound each image's pixels, and so its image tokens (LAD_MAX_PIXELS,
+        LAD_MIN_PIXELS), on a loaded processor. Returns what the budget now is, for the
+        log; None when the family has no such setting (the default)."""
+        return None
+
+    @classmethod
     def processor_from_parts(
         cls, image_processor: Any, tokenizer: Any, chat_template: str | None, **settings: Any
     ) -> Any:

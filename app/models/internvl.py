@@ -9,7 +9,7 @@ and the trie's decode steps hold; the assistant turn ends with `<|im_end|>`.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from transformers import InternVLProcessor
 
@@ -30,3 +30,25 @@ class InternVLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     processor_class: ClassVar[type | None] = InternVLProcessorNoVideo
     processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_length",)
+
+    @classmethod
+    def set_pixel_budget(
+        cls, processor: Any, max_pixels: int | None, min_pixels: int | None
+    ) -> str | None:
+        """Each image is cut into tiles of the processor's size (448 x 448 in released
+        checkpoints, 256 tokens each) plus a thumbnail when cut; the budget is a number of
+        tiles: max_pixels // tile pixels (1 = the whole image as one tile, not cut), and
+        min_pixels rounded up to tiles. Released checkpoints allow 12 tiles per image."""
+        image_processor = processor.image_processor
+        tile = int(image_processor.size.height) * int(image_processor.size.width)
+        most = image_processor.max_patches if max_pixels is None else max(1, max_pixels // tile)
+        least = image_processor.min_patches if min_pixels is None else -(-min_pixels // tile)
+        if least > most:
+            raise ValueError(
+                f"LAD_MIN_PIXELS asks for {least} tiles of {tile} pixels, above the "
+                f"{most} that LAD_MAX_PIXELS allows"
+            )
+        image_processor.max_patches, image_processor.min_patches = most, max(1, least)
+        tiles = most + 1 if most > 1 else 1  # the processor always crops (InternVLProcessor)
+        tokens = tiles * int(getattr(processor, "image_seq_length", 0) or 0)
+        return f"at most {tiles} tiles of {tile} pixels per image ({tokens} image tokens)"

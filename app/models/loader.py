@@ -9,16 +9,23 @@ directory loads offline.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import torch
 import transformers
 from transformers import AutoConfig
 
 from app.engine.runner import Runner
-from app.models.registry import adapter_for
+from app.models.registry import UnsupportedModelError, adapter_for
+
+log = logging.getLogger("lad.model")
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo" / "model"
 
@@ -68,6 +75,42 @@ def make_runner(model: torch.nn.Module, processor: Any, **options: Any) -> Runne
     return Runner(adapter_for(model.config)(model, processor), **options)
 
 
+class ModelLoadError(RuntimeError):
+    """The model cannot be loaded, with what to do about it (printed without a traceback)."""
+
+
+def quiet_progress_bars() -> None:
+    """No tqdm bars from transformers or huggingface_hub: a service log gets plain lines."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    transformers.utils.logging.disable_progress_bar()
+    disable_progress_bars()
+
+
+def _is_hub_name(source: str) -> bool:
+    return not Path(source).exists() and source.count("/") <= 1 and not source.startswith(".")
+
+
+def _unreachable(model: str, revision: str | None, cause: BaseException) -> ModelLoadError:
+    """What to do when a hub name resolves neither from the cache nor from the hub."""
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE
+    cache = huggingface_hub.constants.HF_HUB_CACHE
+    at = f" at revision {revision!r}" if revision else ""
+    why = (
+        "HF_HUB_OFFLINE=1, so nothing is downloaded" if offline
+        else "and the hub could not be reached"
+    )
+    return ModelLoadError(
+        f"cannot load model {model!r}{at}: it is not a local directory and not in the Hugging "
+        f"Face cache {cache} (HF_HOME={os.environ.get('HF_HOME', '(unset)')}), {why}.\n"
+        f"  Fill the cache once, where the hub is reachable:  HF_HOME={Path(cache).parent} "
+        f"hf download {model}{f' --revision {revision}' if revision else ''}\n"
+        "  (in a container: mount that cache at HF_HOME; deploy/README.md 'Model weights'), "
+        "or set LAD_MODEL to a local directory holding the model, or allow downloads with "
+        f"HF_HUB_OFFLINE=0.\n  cause: {type(cause).__name__}: {str(cause).splitlines()[0]}"
+    )
+
+
 def load_runner(
     model: str,
     *,
@@ -77,31 +120,91 @@ def load_runner(
     layers: Sequence[int] | None = None,
     prompt_variant: str = "vanilla",
     threads: int | None = None,
+    max_pixels: int | None = None,
+    min_pixels: int | None = None,
+    device_map: str | None = None,
 ) -> Runner:
     """Load ``model`` (hub name, local directory, or ``"demo"``) and wrap it in a Runner.
 
     ``threads`` sets torch's intra-op thread count before loading (None: leave it).
+    ``max_pixels`` / ``min_pixels`` bound each image's pixels through the family's
+    processor; ``device_map`` (e.g. "auto", needs the ``accelerate`` package) spreads the
+    model over several devices instead of moving it to ``device``. Progress goes to the
+    log as plain lines; nothing is written to HF_HOME. Raises ModelLoadError with what to
+    do when the model cannot be found.
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
+    quiet_progress_bars()
+    started = time.perf_counter()
     source = str(DEMO_MODEL_DIR) if model == "demo" else model
     if model == "demo" and not (DEMO_MODEL_DIR / "config.json").is_file():
-        raise FileNotFoundError(
+        raise ModelLoadError(
             f"the demo model is missing at {DEMO_MODEL_DIR}; run `lad demo train`"
         )
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
-    config = AutoConfig.from_pretrained(source, revision=revision)
-    adapter_cls = adapter_for(config)  # fails early, listing supported types
-    loaded = _model_class(config).from_pretrained(
-        source, revision=revision, dtype=torch_dtype, attn_implementation="sdpa"
-    )
-    loaded = loaded.to(target).eval()
-    processor = adapter_cls.load_processor(source, revision=revision)
-    return Runner(
+    where = f"device_map={device_map!r}" if device_map else str(target)
+    log.info("loading model %s (revision %s) on %s as %s", model, revision or "default",
+             where, str(torch_dtype).removeprefix("torch."))
+    config = _pretrained(AutoConfig.from_pretrained, model, source, revision)
+    try:
+        adapter_cls = adapter_for(config)  # fails early, listing supported types
+    except UnsupportedModelError as exc:
+        raise ModelLoadError(f"cannot serve model {model!r}: {exc}") from None
+    log.info("model type %s (%s); loading weights", config.model_type, adapter_cls.__name__)
+    loaded = _load_weights(config, model, source, revision, torch_dtype, device_map)
+    if device_map is None:
+        loaded = loaded.to(target)
+    loaded = loaded.eval()
+    log.info("weights loaded: %.1f M parameters in %.1f s", _millions(loaded),
+             time.perf_counter() - started)
+    processor = _pretrained(adapter_cls.load_processor, model, source, revision)
+    if max_pixels is not None or min_pixels is not None:
+        budget = adapter_cls.set_pixel_budget(processor, max_pixels, min_pixels)
+        if budget is None:
+            log.warning("%s has no per-image pixel budget: LAD_MAX_PIXELS / LAD_MIN_PIXELS "
+                        "are ignored (README 'Real models')", adapter_cls.__name__)
+        else:
+            log.info("image budget: %s", budget)
+    runner = Runner(
         adapter_cls(loaded, processor),
         model_id=model,
         revision=revision,
         layers=layers,
         prompt_variant=prompt_variant,
+    )
+    log.info("model %s ready in %.1f s (layers Λ = %s)", model, time.perf_counter() - started,
+             ",".join(str(x) for x in runner.layers))
+    return runner
+
+
+def _millions(model: torch.nn.Module) -> float:
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def _pretrained(load: Any, model: str, source: str, revision: str | None) -> Any:
+    """``load(source, revision=...)``, with a hub name that cannot be resolved explained."""
+    try:
+        return load(source, revision=revision)
+    except OSError as exc:
+        if _is_hub_name(source):
+            raise _unreachable(model, revision, exc) from None
+        raise ModelLoadError(f"cannot load model {model!r} from {source}: {exc}") from None
+
+
+def _load_weights(config: Any, model: str, source: str, revision: str | None,
+                  torch_dtype: torch.dtype, device_map: str | None) -> torch.nn.Module:
+    options: dict[str, Any] = {"revision": revision, "dtype": torch_dtype,
+                               "attn_implementation": "sdpa"}
+    if device_map is not None:
+        if importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(
+                f"LAD_DEVICE_MAP={device_map!r} needs the accelerate package: "
+                "pip install accelerate"
+            )
+        options["device_map"] = device_map
+    return _pretrained(
+        lambda src, revision: _model_class(config).from_pretrained(src, **options),
+        model, source, revision,
     )

@@ -12,10 +12,11 @@ the three rope axes.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+from transformers.image_utils import SizeDict
 
 from app.engine.adapter import PromptBatch
 from app.models.base import HFAdapter, without_video_processor
@@ -36,6 +37,25 @@ class Qwen2VLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     # the two processors differ only in video handling, which is not used here
     processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
+
+    @classmethod
+    def set_pixel_budget(
+        cls, processor: Any, max_pixels: int | None, min_pixels: int | None
+    ) -> str | None:
+        """The image processor resizes each image (aspect kept, sides multiples of 28) into
+        [min_pixels, max_pixels]; one image token per 28 x 28 pixels. Released checkpoints
+        allow up to 12.8 M pixels (16k tokens) per image."""
+        image_processor = processor.image_processor
+        size = image_processor.size
+        longest = max_pixels or size.longest_edge
+        shortest = min_pixels or size.shortest_edge
+        if shortest > longest:
+            raise ValueError(f"LAD_MIN_PIXELS={shortest} is above LAD_MAX_PIXELS={longest}")
+        image_processor.size = SizeDict(shortest_edge=shortest, longest_edge=longest)
+        return (
+            f"{shortest}..{longest} pixels per image, at most {longest // (28 * 28)} "
+            "image tokens each"
+        )
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         open_id = getattr(self.config, "vision_start_token_id", None)

@@ -16,10 +16,14 @@ import numpy as np
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
-from app import errors
+from app import errors, logs
 from app.decode import ImageInput, check_candidates, check_query, decode_image
 from app.engine import debias
-from app.engine.calibrate import calibration_instances, estimate_calibration
+from app.engine.calibrate import (
+    calibration_instances,
+    estimate_calibration,
+    raw_position_share,
+)
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec, scheme_name
 from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
@@ -60,6 +64,7 @@ class Service:
             sink_guard=settings.sink_guard,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
+        metrics.watch_store(lambda: bool(store.health().get("ok", False)))
 
     @property
     def model_id(self) -> str:
@@ -144,12 +149,19 @@ class Service:
     ) -> RetrieveResponse:
         t0 = time.perf_counter()
         spec = label_spec(labels)
+        n = len(images)
+        logs.note(method=method, requested_method=method, n=n, profile=profile,
+                  labels=spec if isinstance(spec, str) else "custom")
         check_query(query, self.settings)
         label_strings = self.check_labels(len(images), spec, "images")
-        n = len(images)
         pil, stored = await run_in_threadpool(self._prepare, images, method, profile, spec)
+        fallback_for = None
         if method in NEEDS_CALIBRATION and stored is None:
-            method = "vanilla"  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
+            # the operator's fallback (LAD_FALLBACK_TO_VANILLA): counted as such, not hidden
+            fallback_for, method = method, "vanilla"
+            logs.note(method=method, fallback=True)
+        elif stored is not None:
+            logs.note(version=stored.version, labels=stored.label_scheme)
         timings = {"decode": _ms(t0)}
 
         results = await self._forward(query, pil, spec, passes(method, n), timings)
@@ -164,7 +176,11 @@ class Service:
 
         t2 = time.perf_counter()
         debiased = method != "vanilla"
-        self._count_positions(method, int(np.argmax(s)), index if debiased else None)
+        self.metrics.observe_answer(
+            method=method, n=n, raw=int(np.argmax(s)), debiased=index if debiased else None,
+            profile=(stored.name, stored.label_scheme) if stored else None,
+            fallback_for=fallback_for, prompt_tokens=results[0].prompt_tokens,
+        )  # fmt: skip
         details = None
         if return_details:
             details = RetrieveDetails(
@@ -183,7 +199,7 @@ class Service:
             model=self.model_id, timings_ms=timings, details=details,
         )  # fmt: skip
         timings["encode"] = response.timings_ms["encode"] = _ms(t2)
-        self._observe(timings, results)
+        self._observe(timings, results, method)
         return response
 
     async def _forward(
@@ -206,20 +222,15 @@ class Service:
         timings["score"] = sum(r.score_ms for r in batches)
         return results
 
-    def _count_positions(self, method: str, raw: int, debiased: int | None) -> None:
-        self.metrics.predicted_position.labels(method=method, position=str(raw), kind="raw").inc()
-        if debiased is not None:
-            self.metrics.predicted_position.labels(
-                method=method, position=str(debiased), kind="debiased"
-            ).inc()
-
-    def _observe(self, timings: dict[str, float], results: list[WorkResult]) -> None:
+    def _observe(self, timings: dict[str, float], results: list[WorkResult], method: str) -> None:
         """Stage latencies, and the overhead ratio on this request's share of its batches."""
-        self.metrics.observe_stages(timings)
+        self.metrics.observe_stages(timings, method)
         forward = sum(r.forward_ms / r.batch_size for r in results)
         score = sum(r.score_ms / r.batch_size for r in results)
         if forward > 0:
-            self.metrics.debias_overhead.observe((score + timings["debias"]) / forward)
+            self.metrics.debias_overhead.labels(method=method).observe(
+                (score + timings["debias"]) / forward
+            )
 
     # -------------------------------------------------------------------- calibrate
     async def calibrate(self, request: CalibrateRequest) -> CalibrateResponse:
@@ -256,8 +267,10 @@ class Service:
 
     async def _calibrate(self, request: CalibrateRequest, t0: float) -> CalibrateResponse:
         spec = label_spec(request.labels)
+        logs.note(profile=request.profile)
         n = self._check_examples(request, spec)
         fingerprint = self.profiles.fingerprint(spec, n)
+        logs.note(n=n, labels=fingerprint.label_scheme)
         decoded = await run_in_threadpool(
             lambda: [
                 self.decode_images(ex.images, f"examples[{m}].images")
@@ -269,18 +282,20 @@ class Service:
         )
         works = [Work(RetrievalItem(query, images), spec) for query, images in instances]
         results = await self.worker.run(works, bulk=True)
+        scores = np.stack([r.scores for r in results])
         calibration = estimate_calibration(
-            np.stack([r.scores for r in results]), np.stack([r.attention for r in results]), gt
+            scores, np.stack([r.attention for r in results]), gt
         )
         hyper = {**self.settings.method_hyperparameters(), "num_examples": len(request.examples)}
         profile = Profile.create(
             name=request.profile, fingerprint=fingerprint, layers=list(self.runner.layers),
             bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
             num_examples=len(request.examples), num_forward_passes=len(works),
-            hyperparameters=hyper,
+            hyperparameters=hyper, calibration_position_share=raw_position_share(scores),
             sink_layers=[self.runner.layers[i] for i in calibration.sink_layers],
         )  # fmt: skip
         stored = await self.profiles.put(profile)
+        logs.note(version=stored.version)
         return CalibrateResponse(
             profile=stored.name, version=stored.version, model=self.model_id,
             labels=stored.label_scheme, n=n, num_examples=len(request.examples),

@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from app import errors
+from app import errors, logs
 from app.engine.calibrate import Calibration
 from app.engine.interface import RunnerLike
 from app.engine.labels import LabelSpec, parse_labels, stored_scheme
-from app.metrics import Metrics
+from app.metrics import Metrics, ProfileRow
 from app.schemas import (
     ProfileDeleted,
     ProfileEntry,
@@ -112,10 +112,11 @@ class ProfileService:
                 found[key] = profile
         return found
 
-    def _metric_rows(self) -> Iterator[tuple[str, str, int, int, float]]:
+    def _metric_rows(self) -> Iterator[ProfileRow]:
         for key, profile in self._current_profiles().items():
             ts = profile.created_at.timestamp() if profile.created_at else 0.0
-            yield key.name, key.label_scheme, key.n, profile.version, ts
+            share = profile.calibration_position_share
+            yield key.name, key.label_scheme, key.n, profile.version, ts, share
 
     def _entry(self, current: Profile, kept: list[Profile] | None) -> ProfileEntry:
         versions = [
@@ -168,6 +169,10 @@ class ProfileService:
 
     async def delete(self, name: str, labels: str, n: int) -> ProfileDeleted:
         key = self.stored_key(name, labels, n)
+        logs.note(profile=name, labels=key.label_scheme, n=n)
+        current = await self.call("get", self.store.get, key)
+        if current is not None:
+            logs.note(version=current.version)  # the audit line says which version went
         if not await self.call("delete", self.store.delete, key):
             raise _not_found(key)
         return ProfileDeleted(name=name, labels=key.label_scheme, n=n, deleted=True)
@@ -177,10 +182,13 @@ class ProfileService:
     ) -> ProfileRolledBack:
         """Make the newest kept version before the current one (or ``version``) current."""
         key = self.stored_key(name, labels, n)
+        logs.note(profile=name, labels=key.label_scheme, n=n)
         before = await self.call("get", self.store.get, key)
         if before is None:
             raise _not_found(key)
+        logs.note(previous_version=before.version)
         after = await self.call("rollback", self.store.rollback, key, version)
+        logs.note(version=after.version)
         return ProfileRolledBack(name=name, labels=key.label_scheme, n=n, version=after.version,
                                  previous_version=before.version)  # fmt: skip
 

@@ -20,6 +20,7 @@ from app.engine.batcher import Batcher, BatcherStopped, QueueFull
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.metrics import Metrics
+from app.service.shadow import ShadowSampler
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class WorkResult:
     batch_size: int
     batch_id: int
     started: float  # perf_counter when the batch started
+    prompt_tokens: int | None = None  # tokens of this instance's prompt, images included
 
 
 class ModelWorker:
@@ -60,7 +62,8 @@ class ModelWorker:
             name="lad-model-worker",
         )
         self._batch_ids = itertools.count(1)
-        metrics.watch_queue(lambda: self.batcher.depth)
+        self.shadow = ShadowSampler(runner, metrics, settings.overhead_sample_rate)
+        metrics.watch_queue(lambda: self.batcher.depth, settings.max_queue)
 
     @property
     def running(self) -> bool:
@@ -68,9 +71,11 @@ class ModelWorker:
 
     def start(self) -> None:
         self.batcher.start()
+        self.shadow.start()
 
     def stop(self) -> None:
         self.batcher.stop()
+        self.shadow.stop()
 
     def forward_batch(self, batch: list[Work]) -> list[WorkResult]:
         """Runs on the worker thread: one runner.forward per label spec in the batch."""
@@ -83,6 +88,8 @@ class ModelWorker:
             groups.setdefault(work.labels, []).append(i)
         for labels, idx in groups.items():
             out = self.runner.forward([batch[i].item for i in idx], labels=labels)
+            self.shadow.offer([batch[i].item for i in idx], labels, out.timings_ms)
+            tokens = out.prompt_tokens or [None] * len(idx)
             for j, i in enumerate(idx):
                 results[i] = WorkResult(
                     scores=np.asarray(out.scores[j], dtype=np.float64),
@@ -90,6 +97,7 @@ class ModelWorker:
                     forward_ms=float(out.timings_ms.get("forward", 0.0)),
                     score_ms=float(out.timings_ms.get("score", 0.0)),
                     batch_size=len(batch), batch_id=batch_id, started=started,
+                    prompt_tokens=tokens[j],
                 )  # fmt: skip
         return [r for r in results if r is not None]
 

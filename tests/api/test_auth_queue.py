@@ -83,4 +83,4 @@ def test_full_queue_answers_429_with_retry_after(make_client, runner, items):
         assert [f.result(30).status_code for f in queued] == [200, 200]
     assert client.post("/v1/retrieve", json=body).status_code == 200
     metrics = client.get("/metrics").text
-    assert 'lad_requests_total{method="POST",route="/v1/retrieve",status="429"} 1.0' in metrics
+    assert 'lad_requests_total{http_method="POST",route="/v1/retrieve",status="429"} 1.0' in metrics

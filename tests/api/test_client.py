@@ -1,37 +1,131 @@
-"""The Python client against a real app (tiny model, memory store)."""
+"""The Python client: typed answers from a real app (tiny model, memory store), images from
+PIL / bytes / paths, errors as LadError, and the retry policy on 429 / 503."""
 
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
 import pytest
 
-from app.client import LadClient, LadError
+from app.client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
+from app.schemas import CalibrateResponse, ProfileList, RetrieveResponse
+from tests.api.helpers import png_bytes
 
 
-def test_client_calibrates_retrieves_and_manages_profiles(make_client, items, calibration_items):
+def test_client_calibrates_retrieves_and_manages_profiles(make_client, items, calibration_items,
+                                                          tmp_path):
     http = make_client(admin_token="admin-secret")
     lad = LadClient(http=http, admin_token="admin-secret")
 
     with pytest.raises(LadError) as missing:
-        lad.retrieve(items[0].query, items[0].images)
+        lad.retrieve(items[0].query, items[0].images, request_id="req-7")
     assert missing.value.status == 409 and missing.value.code == "calibration_required"
+    assert missing.value.request_id == "req-7"
 
     summary = lad.calibrate([(it.query, it.images, it.target) for it in calibration_items])
-    assert summary["version"] == 1 and summary["n"] == 3
+    assert isinstance(summary, CalibrateResponse) and summary.version == 1 and summary.n == 3
 
-    answer = lad.retrieve(items[0].query, items[0].images, return_details=True)
-    assert 0 <= answer["index"] < 3
-    assert abs(sum(answer["probabilities"]) - 1) < 1e-6
-    assert answer["profile"] == {"name": "default", "version": 1}
+    first, second, third = items[0].images
+    path = tmp_path / "third.png"
+    path.write_bytes(png_bytes(third))
+    answer = lad.retrieve(items[0].query, [first, png_bytes(second), path], return_details=True)
+    assert isinstance(answer, RetrieveResponse) and 0 <= answer.index < 3
+    assert abs(sum(answer.probabilities) - 1) < 1e-6
+    assert answer.profile is not None and answer.profile.version == 1
+    assert answer.details is not None and len(answer.details.scores) == 3
+    same = lad.retrieve(items[0].query, items[0].images)  # PIL only: the same pixels
+    assert same.probabilities == pytest.approx(answer.probabilities)
 
     lad.calibrate([(it.query, it.images, it.target) for it in calibration_items])
-    assert lad.rollback("default", 3)["version"] == 1
-    assert "default" in str(lad.profiles())
-    lad.delete("default", 3)
+    assert lad.rollback("default", 3).version == 1
+    listed = lad.profiles()
+    assert isinstance(listed, ProfileList) and listed.profiles[0].name == "default"
+    assert lad.profile("default").entries[0].current_version == 1
+    assert lad.delete("default", 3).deleted is True
     with pytest.raises(LadError):
         lad.retrieve(items[0].query, items[0].images)
+    assert lad.ready().ready is True
 
 
 def test_client_without_admin_token_is_refused(make_client, calibration_items):
     http = make_client(admin_token="admin-secret")
-    lad = LadClient(http=http)
+    lad = LadClient(http=http, retries=0)
     with pytest.raises(LadError) as refused:
         lad.calibrate([(it.query, it.images, it.target) for it in calibration_items])
-    assert refused.value.status == 401
+    assert refused.value.status == 401 and refused.value.code == "unauthorized"
+
+
+# ---------------------------------------------------------------------------- retries
+def _flaky(answers: list[tuple[int, dict[str, str]]], seen: list[float]):
+    """A transport answering ``answers`` in turn (status, headers), then 200 with a list."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        if answers:
+            status, headers = answers.pop(0)
+            body = {"error": {"code": "overloaded" if status == 429 else "not_ready",
+                              "message": "busy"}}
+            return httpx.Response(status, json=body, headers=headers)
+        return httpx.Response(200, json={"model": "m", "profiles": []})
+
+    return handle
+
+
+def test_sync_client_retries_429_and_503_honouring_retry_after():
+    seen: list[float] = []
+    transport = httpx.MockTransport(_flaky([(429, {"Retry-After": "1"}), (503, {})], seen))
+    http = httpx.Client(base_url="http://lad", transport=transport)
+    lad = LadClient(http=http, retries=3, backoff_s=0.01)
+    assert lad.profiles().model == "m"
+    assert len(seen) == 3
+    assert seen[1] - seen[0] >= 1.0  # waited for Retry-After, not the 10 ms backoff
+    assert seen[2] - seen[1] < 0.5
+
+
+def test_retries_give_up_with_the_last_error():
+    seen: list[float] = []
+    transport = httpx.MockTransport(_flaky([(503, {})] * 5, seen))
+    lad = LadClient(http=httpx.Client(base_url="http://lad", transport=transport), retries=2,
+                    backoff_s=0.001)
+    with pytest.raises(LadError) as failed:
+        lad.profiles()
+    assert failed.value.status == 503 and len(seen) == 3
+
+
+def test_other_errors_are_not_retried():
+    seen: list[float] = []
+    transport = httpx.MockTransport(_flaky([(404, {})], seen))
+    lad = LadClient(http=httpx.Client(base_url="http://lad", transport=transport))
+    with pytest.raises(LadError) as failed:
+        lad.profiles()
+    assert failed.value.status == 404 and len(seen) == 1
+
+
+def test_async_client_retries_too():
+    seen: list[float] = []
+    transport = httpx.MockTransport(_flaky([(429, {"Retry-After": "0"}), (429, {})], seen))
+
+    async def run() -> str:
+        http = httpx.AsyncClient(base_url="http://lad", transport=transport)
+        async with AsyncLadClient(http=http, backoff_s=0.01) as lad:
+            return (await lad.profiles()).model
+
+    assert asyncio.run(run()) == "m" and len(seen) == 3
+
+
+def test_refused_connections_are_retried_then_raised():
+    lad = LadClient("http://127.0.0.1:9", retries=1, backoff_s=0.01, timeout=2)
+    with pytest.raises(httpx.ConnectError):
+        lad.profiles()
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert retry_after_s(httpx.Response(429, headers={"Retry-After": "7"})) == 7
+    date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))
+    assert 55 < retry_after_s(httpx.Response(503, headers={"Retry-After": date})) <= 60
+    assert retry_after_s(httpx.Response(503)) is None
+    policy = RetryPolicy(retries=3, base_s=0.5, max_wait_s=4)
+    assert policy.wait_s(0, None) < 0.56 and policy.wait_s(0, 3) >= 3
+    assert policy.wait_s(10, None) <= 4

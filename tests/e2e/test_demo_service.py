@@ -30,10 +30,10 @@ def test_demo_service_agd_beats_vanilla_and_flattens_position_recall():
     app = create_app(settings, store=open_store("memory://"))
     with TestClient(app) as http:
         lad = LadClient(http=http)
-        assert lad.ready()["model"]["model_id"] == "demo"
+        assert lad.ready().model["model_id"] == "demo"
         calibration = make_items(5, n_candidates=N, setting="random", seed="calibration")
         summary = lad.calibrate([(it.query, it.images, it.target) for it in calibration])
-        assert summary["n"] == N and summary["forward_passes"] == 5 * N
+        assert summary.n == N and summary.forward_passes == 5 * N
 
         hits = {"vanilla": np.zeros((N, 2)), "agd": np.zeros((N, 2))}  # per GT position
         for item in make_items(24, n_candidates=N, setting="random", seed="eval"):
@@ -42,7 +42,7 @@ def test_demo_service_agd_beats_vanilla_and_flattens_position_recall():
                 gt = rotated_position(item.target, shift, N)
                 for method in hits:
                     answer = lad.retrieve(item.query, images, method=method)
-                    hits[method][gt] += (answer["index"] == gt, 1)
+                    hits[method][gt] += (answer.index == gt, 1)
 
     recall = {m: 100 * h[:, 0] / h[:, 1] for m, h in hits.items()}
     accuracy = {m: r.mean() for m, r in recall.items()}

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.schemas",
         "app.decode",
         "app.metrics",
+        "app.logs",
         "app.client",
         "app.demo",
         "app.eval",
@@ -32,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench"),
+    ("app.main", "app.cli", "app.bench", "app.serve"),
 ]
 
 

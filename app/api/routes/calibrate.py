@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 
 from app.api.deps import AdminAuth, ServiceDep
+from app.api.route_errors import error_responses
 from app.schemas import (
+    CALIBRATE_EXAMPLE,
     MAX_CALIBRATION_EXAMPLES,
     RECOMMENDED_CALIBRATION_EXAMPLES,
     CalibrateRequest,
     CalibrateResponse,
-    ErrorResponse,
 )
 
 router = APIRouter(tags=["calibration"])
@@ -28,9 +31,13 @@ the admin token when LAD_ADMIN_TOKEN is set."""
     "/v1/calibrate",
     response_model=CalibrateResponse,
     dependencies=[AdminAuth],
-    responses={c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 429, 500, 503)},
+    responses=error_responses("POST", "/v1/calibrate"),
     summary="Calibrate a profile (bias matrix B and attention prior P) for one N",
     description=DESCRIPTION,
 )
-async def calibrate(body: CalibrateRequest, service: ServiceDep) -> CalibrateResponse:
+async def calibrate(
+    body: Annotated[CalibrateRequest, Body(openapi_examples={"three images": {
+        "summary": "one example of three 32 x 32 PNGs", "value": CALIBRATE_EXAMPLE}})],
+    service: ServiceDep,
+) -> CalibrateResponse:
     return await service.calibrate(body)

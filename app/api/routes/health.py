@@ -5,18 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from app.api.route_errors import error_responses
 from app.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health, summary="The process is alive")
+@router.get("/healthz", response_model=Health, responses=error_responses("GET", "/healthz"),
+            summary="The process is alive")
 async def healthz() -> Health:
     return Health()
 
 
 @router.get("/readyz", response_model=Readiness,
-            responses={503: {"model": Readiness, "description": "not ready"}},
+            responses={**error_responses("GET", "/readyz"),
+                       503: {"model": Readiness, "description": "not ready (same body)"}},
             summary="Model loaded, worker running, store reachable")
 async def readyz(request: Request) -> JSONResponse:
     service = getattr(request.app.state, "service", None)
@@ -27,7 +30,8 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses=error_responses("GET", "/metrics"))
 async def metrics(request: Request) -> Response:
     content, media_type = request.app.state.metrics.render()
     return Response(content, media_type=media_type)

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from app.api.deps import AdminAuth, ServiceDep
+from app.api.route_errors import error_responses
 from app.schemas import (
-    ErrorResponse,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
@@ -18,39 +18,47 @@ from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 
-NameParam = Annotated[str, Path(pattern=NAME_PATTERN, description="profile name")]
-NParam = Annotated[int, Query(ge=1, description="number of images N the profile is for")]
+NameParam = Annotated[
+    str, Path(pattern=NAME_PATTERN, description="profile name", examples=["default"])
+]
+NParam = Annotated[
+    int, Query(ge=1, description="number of images N the profile is for", examples=[3])
+]
 LabelsParam = Annotated[
     str, Query(description='label scheme: "digits", "upper", ..., "custom:<hash>" as listed, '
-               "or a comma list of labels")
+               "or a comma list of labels", examples=["digits"])
 ]
 VersionParam = Annotated[
     int | None,
-    Query(ge=1, description="target version (default: the newest kept one before the current)"),
+    Query(ge=1, description="target version (default: the newest kept one before the current)",
+          examples=[1]),
 ]
-_ERRORS = {c: {"model": ErrorResponse} for c in (401, 403, 404, 409, 422, 503)}
 
 
-@router.get("", response_model=ProfileList, summary="Every profile of the running model")
+@router.get("", response_model=ProfileList, responses=error_responses("GET", "/v1/profiles"),
+            summary="Every profile of the running model")
 async def list_profiles(service: ServiceDep) -> ProfileList:
     return await service.profiles.list()
 
 
-@router.get("/{name}", response_model=ProfileSummary, responses=_ERRORS,
+@router.get("/{name}", response_model=ProfileSummary,
+            responses=error_responses("GET", "/v1/profiles/{name}"),
             summary="One profile: every (labels, N) with its kept versions")
 async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
     return await service.profiles.detail(name)
 
 
 @router.delete("/{name}", response_model=ProfileDeleted, dependencies=[AdminAuth],
-               responses=_ERRORS, summary="Delete every version of a profile for one N")
+               responses=error_responses("DELETE", "/v1/profiles/{name}"),
+               summary="Delete every version of a profile for one N")
 async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
                          labels: LabelsParam = "digits") -> ProfileDeleted:
     return await service.profiles.delete(name, labels, n)
 
 
 @router.post("/{name}/rollback", response_model=ProfileRolledBack, dependencies=[AdminAuth],
-             responses=_ERRORS, summary="Make the previous kept version current again")
+             responses=error_responses("POST", "/v1/profiles/{name}/rollback"),
+             summary="Make the previous kept version current again")
 async def rollback_profile(name: NameParam, n: NParam, service: ServiceDep,
                            labels: LabelsParam = "digits",
                            version: VersionParam = None) -> ProfileRolledBack:

@@ -11,9 +11,10 @@ from starlette.datastructures import UploadFile
 
 from app import errors
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
+from app.api.route_errors import error_responses
 from app.engine.labels import parse_labels
 from app.engine.methods import METHODS
-from app.schemas import ErrorResponse, RetrieveOptions, RetrieveRequest, RetrieveResponse
+from app.schemas import RETRIEVE_EXAMPLE, RetrieveOptions, RetrieveRequest, RetrieveResponse
 from app.settings import Settings
 
 router = APIRouter(tags=["retrieve"])
@@ -23,38 +24,30 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["query", "images"],
     "properties": {
-        "query": {"type": "string"},
-        "images": {"type": "array", "items": {"type": "string", "format": "binary"}},
-        "method": {"type": "string", "enum": list(METHODS), "default": "agd"},
-        "profile": {"type": "string", "default": "default"},
+        "query": {"type": "string", "description": "the caption to match"},
+        "images": {"type": "array", "items": {"type": "string", "format": "binary"},
+                   "description": "N >= 2 candidate image files, in order"},
+        "method": {"type": "string", "enum": list(METHODS), "default": "agd",
+                   "description": "retrieval method"},
+        "profile": {"type": "string", "default": "default",
+                    "description": "calibration profile name"},
         "labels": {"type": "string", "default": "digits",
                    "description": 'scheme name, or a JSON list / comma list of labels'},
-        "return_details": {"type": "boolean", "default": False},
+        "return_details": {"type": "boolean", "default": False,
+                           "description": "also return scores, attention, layers"},
     },
 }
 _OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": RetrieveRequest.model_json_schema()},
+            "application/json": {
+                "schema": RetrieveRequest.model_json_schema(), "example": RETRIEVE_EXAMPLE,
+            },
             "multipart/form-data": {"schema": _MULTIPART_SCHEMA},
         },
     }
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
-        400: "an image is not valid base64 or not an image",
-        401: "bearer token missing", 403: "bearer token not valid",
-        409: "no calibration for this profile and N, or calibrated under another engine",
-        413: "an image or the request is too large", 415: "unsupported content type",
-        422: "invalid request (query, number of images, labels, method)",
-        429: "queue full; retry after Retry-After seconds",
-        500: "the model failed on this request", 503: "model not loaded or store unavailable",
-    }.items()
-}
-
-
 def _validation_error(exc: ValidationError, prefix: str) -> RequestValidationError:
     items = []
     for err in exc.errors(include_url=False):
@@ -118,7 +111,7 @@ async def _from_form(request: Request, settings: Settings) -> tuple[RetrieveOpti
     response_model=RetrieveResponse,
     dependencies=[RetrieveAuth],
     openapi_extra=_OPENAPI,
-    responses=_ERRORS,
+    responses=error_responses("POST", "/v1/retrieve"),
     summary="Pick the image that matches the query, with position debiasing",
 )
 async def retrieve(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.api.helpers import metric_value, retrieve_body
@@ -54,38 +56,73 @@ def test_metrics_count_requests_stages_and_calibrations(client, items, calibrate
     def value(name: str, **labels: str) -> float | None:
         return metric_value(text, name, **labels)
 
-    assert value("lad_requests_total", route="/v1/retrieve", method="POST", status="200") == 4
-    assert value("lad_requests_total", route="/v1/retrieve", method="POST", status="409") == 1
-    assert value("lad_requests_total", route="/v1/calibrate", method="POST", status="200") == 1
-    assert value("lad_requests_total", route="/v1/profiles/{name}", method="GET",
+    post = {"route": "/v1/retrieve", "http_method": "POST"}
+    assert value("lad_requests_total", **post, status="200") == 4
+    assert value("lad_requests_total", **post, status="409") == 1
+    assert value("lad_requests_total", route="/v1/calibrate", http_method="POST",
                  status="200") == 1
-    assert value("lad_request_duration_seconds_count", route="/v1/retrieve", method="POST") == 5
+    assert value("lad_requests_total", route="/v1/profiles/{name}", http_method="GET",
+                 status="200") == 1
+    # the latency histogram carries the retrieval method (the 409 was an agd request)
+    assert value("lad_request_duration_seconds_count", **post, method="agd") == 4
+    assert value("lad_request_duration_seconds_count", **post, method="vanilla") == 1
+    assert value("lad_request_duration_seconds_count", route="/v1/calibrate",
+                 http_method="POST", method="") == 1
     for stage in ("decode", "queue", "forward", "score", "debias", "encode"):
-        assert value("lad_stage_duration_seconds_count", stage=stage) == 4, stage
-    assert value("lad_debias_overhead_ratio_count") == 4
+        assert value("lad_stage_duration_seconds_count", stage=stage, method="agd") == 3, stage
+        assert value("lad_stage_duration_seconds_count", stage=stage, method="vanilla") == 1
+    assert value("lad_debias_overhead_ratio_count", method="agd") == 3
     # calibration: 15 rotated instances in waves of max_batch_size=8; then 4 single requests
     assert value("lad_batch_size_count") == 2 + 4
     assert value("lad_batch_size_sum") == 15 + 4
     assert value("lad_queue_depth") == 0
+    assert value("lad_queue_capacity") == 64
+    assert value("lad_requests_in_flight") == 0
     assert value("lad_calibrations_total", outcome="success") == 1
     assert value("lad_calibrations_total", outcome="invalid") == 0
     assert value("lad_calibration_duration_seconds_count") == 1
+    assert value("lad_errors_total", code="calibration_required") == 1
+    assert value("lad_errors_total", code="overloaded") == 0  # pre-created
+    assert value("lad_store_degraded") == 0
     assert value("lad_profile_version", profile="default", labels="digits", n="3") == 1
     created = value("lad_profile_created_timestamp_seconds", profile="default", labels="digits",
                     n="3")
     assert created is not None and created > 1.7e9
-    raw = sum(value("lad_predicted_position_total", method="agd", position=str(p), kind="raw")
-              or 0 for p in range(3))
+    shares = [value("lad_profile_calibration_position_share", profile="default",
+                    labels="digits", n="3", position=str(p)) for p in range(3)]
+    assert None not in shares and abs(sum(shares) - 1) < 1e-9
+    served = {"profile": "default", "labels": "digits", "n": "3"}
+    raw = sum(value("lad_predicted_position_total", method="agd", position=str(p), kind="raw",
+                    **served) or 0 for p in range(3))
     debiased = sum(value("lad_predicted_position_total", method="agd", position=str(p),
-                         kind="debiased") or 0 for p in range(3))
+                         kind="debiased", **served) or 0 for p in range(3))
     assert raw == debiased == 3
+    unserved = {"profile": "", "labels": "", "n": "3"}
     assert sum(value("lad_predicted_position_total", method="vanilla", position=str(p),
-                     kind="raw") or 0 for p in range(3)) == 1
+                     kind="raw", **unserved) or 0 for p in range(3)) == 1
     assert value("lad_predicted_position_total", method="vanilla", position="0",
                  kind="debiased") is None
+    assert value("lad_request_images_sum", method="agd") == 9
+    tokens = value("lad_prompt_tokens_count", method="agd")
+    assert tokens == 3 and value("lad_prompt_tokens_sum", method="agd") > 3 * 12
+    assert value("lad_fallback_total", method="agd", n="3") == 0  # pre-created, not used
     assert value("lad_model_info", model_id="tiny-qwen2_5_vl", dtype="float32",
                  device="cpu") == 1
-    assert value("lad_requests_total", route="unmatched", method="GET", status="404") is None
+    assert value("lad_requests_total", route="unmatched", http_method="GET",
+                  status="404") is None
+    assert not re.search(r"^lad_\w+_created[{ ]", text, flags=re.M)  # no _created series
+
+
+def test_fallback_answers_are_counted_as_fallback(make_client, items):
+    client = make_client(fallback_to_vanilla=True)
+    body = client.post("/v1/retrieve", json=retrieve_body(items[0], method="pride")).json()
+    assert body["method"] == "vanilla" and body["debiased"] is False
+    text = client.get("/metrics").text
+    assert metric_value(text, "lad_fallback_total", method="pride", n="3") == 1
+    assert metric_value(text, "lad_fallback_total", method="agd", n="3") == 0
+    assert metric_value(text, "lad_fallback_total", method="agd", n="12") == 0  # to max_images
+    assert metric_value(text, "lad_request_duration_seconds_count", route="/v1/retrieve",
+                        http_method="POST", method="vanilla") == 1
 
 
 def test_invalid_calibration_is_counted(client, calibrate_json):
@@ -100,15 +137,16 @@ def test_unmatched_routes_do_not_explode_label_cardinality(client):
     for i in range(3):
         client.get(f"/random/{i}")
     text = client.get("/metrics").text
-    assert metric_value(text, "lad_requests_total", route="unmatched", method="GET",
+    assert metric_value(text, "lad_requests_total", route="unmatched", http_method="GET",
                         status="404") == 3
+    assert metric_value(text, "lad_errors_total", code="not_found") == 3
 
 
 def test_two_apps_in_one_process_keep_separate_metrics(make_client, items):
     a, b = make_client(), make_client()
     a.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"))
     ta, tb = a.get("/metrics").text, b.get("/metrics").text
-    labels = {"route": "/v1/retrieve", "method": "POST", "status": "200"}
+    labels = {"route": "/v1/retrieve", "http_method": "POST", "status": "200"}
     assert metric_value(ta, "lad_requests_total", **labels) == 1
     assert metric_value(tb, "lad_requests_total", **labels) is None
 

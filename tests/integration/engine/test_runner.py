@@ -285,3 +285,40 @@ def test_registry_and_dtype_errors() -> None:
         resolve_dtype("int3")
     with pytest.raises(ValueError):
         tiny_runner("qwen2_5_vl", layers=(9,))
+
+
+def test_forward_reports_prompt_tokens_per_item(runner: Runner) -> None:
+    items = _items()
+    out = runner.forward(items)
+    batch = runner.process(items)
+    assert out.prompt_tokens == batch.attention_mask.sum(-1).tolist()
+    assert out.prompt_tokens[2] > out.prompt_tokens[1]  # 12 images vs 3
+
+
+@pytest.mark.parametrize("labels", ["digits", "words"])
+def test_plain_forward_runs_the_same_forward_without_capture(runner: Runner, labels) -> None:
+    """The shadow measurement's forward: same logits as the captured forward (capture only
+    reads a row), nothing captured, both stages timed."""
+    from app.engine import attention
+
+    items = _items()[:2]
+    seen: list[object] = []
+    original = runner.model.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append((attention._ACTIVE.get(), out.logits[:, -1].clone()))
+        return out
+
+    runner.model.forward = spy
+    try:
+        timings = runner.plain_forward_ms(items, labels)
+        plain_session, plain_logits = seen[-1]
+        runner.forward(items, labels)
+    finally:
+        del runner.model.forward
+    assert plain_session is None and set(timings) == {"process", "forward"}
+    assert timings["forward"] > 0 and timings["process"] > 0
+    captured = [s for s, _ in seen[1:] if s is not None]
+    assert captured, "the live forward captures"
+    torch.testing.assert_close(plain_logits, seen[1][1])

@@ -116,3 +116,14 @@ def test_sink_layers_are_stored_and_old_profiles_still_load() -> None:
     assert Profile.from_dict(old).sink_layers == []
     with pytest.raises(ValidationError, match="subset of layers"):
         build(sink_layers=[9])
+
+
+def test_calibration_position_share_is_optional_and_checked() -> None:
+    old = build().stored_as(1).to_dict()
+    del old["calibration_position_share"]  # a profile written before the field existed
+    assert Profile.from_dict(old).calibration_position_share is None
+    stored = build(calibration_position_share=np.array([0.5, 0.25, 0.25])).stored_as(1)
+    assert Profile.from_json(stored.to_json()).calibration_position_share == [0.5, 0.25, 0.25]
+    for bad in ([0.5, 0.5], [0.5, 0.25, 0.5], [1.5, -0.25, -0.25], [float("nan"), 0.5, 0.5]):
+        with pytest.raises(ValidationError, match="calibration_position_share"):
+            build(calibration_position_share=bad)

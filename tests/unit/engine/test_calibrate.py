@@ -33,3 +33,12 @@ def test_estimate_is_the_bias_matrix_and_the_prior() -> None:
 def test_a_position_without_gt_is_refused() -> None:
     with pytest.raises(ValueError, match="no calibration instance"):
         estimate_calibration(np.zeros((2, 3)), np.ones((2, 1, 3)), np.array([0, 1]))
+
+
+def test_raw_position_share_counts_the_argmax_of_every_instance() -> None:
+    from app.engine.calibrate import raw_position_share
+
+    scores = np.array([[0.0, 1.0, -1.0], [2.0, 0.0, 0.0], [0.0, 3.0, 1.0], [0.1, 0.2, 0.0]])
+    np.testing.assert_allclose(raw_position_share(scores), [0.25, 0.75, 0.0])
+    with pytest.raises(ValueError):
+        raw_position_share(np.zeros((0, 3)))

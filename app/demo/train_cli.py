@@ -1,0 +1,42 @@
+"""``lad demo train``'s options, apart from the training code so that --help imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "model"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="lad demo train",
+        description="Train the bundled demo MLLM on the synthetic world, on CPU "
+        "(app/demo/train.py says how). Prints the losses every --log-every steps.",
+    )
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model directory")
+    ap.add_argument("--steps", type=int, default=8000, help="total optimiser steps")
+    ap.add_argument("--caption-fraction", type=float, default=0.15,
+                    help="share of the steps spent on stage 1 (captioning)")  # fmt: skip
+    ap.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    ap.add_argument("--aux-weight", type=float, default=1.0,
+                    help="weight of the attention-mass loss (0 disables it)")  # fmt: skip
+    ap.add_argument("--corruption", type=float, default=1.0,
+                    help="scale of the label corruption Q (0: none)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--seed", type=int, default=0, help="seed of data and initialisation")
+    ap.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of ``lad demo train``: parse, then load torch and train."""
+    args = build_parser().parse_args(argv)
+    from app.demo.train import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

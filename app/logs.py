@@ -1,0 +1,180 @@
+"""Logs an operator can follow: one line per request, audit lines, JSON or text.
+
+Each HTTP request gets a ``RequestRecord`` (set by the request middleware of
+``app.metrics``); the layers below fill in what they learn while handling it (``note``:
+the retrieval method, N, the profile and its version, which token was accepted). When the
+request ends the middleware writes ONE line for it on the ``lad.request`` logger, and an
+``lad.audit`` line for calibrate, rollback and delete. Every other line logged while a
+request runs carries its request id, so a request can be followed through the log.
+
+``LAD_LOG_FORMAT=json`` writes one JSON object per line (for log collectors); ``text``
+writes ``time level logger: message key=value ...`` for people.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["json", "text"]
+REQUEST_ID_SCOPE_KEY = "lad.request_id"
+"""Where the request-id middleware leaves the request's id in the ASGI scope."""
+
+request_log = logging.getLogger("lad.request")
+audit_log = logging.getLogger("lad.audit")
+
+# route template and HTTP verb -> the audited admin action
+AUDITED: dict[tuple[str, str], str] = {
+    ("POST", "/v1/calibrate"): "calibrate",
+    ("POST", "/v1/profiles/{name}/rollback"): "rollback",
+    ("DELETE", "/v1/profiles/{name}"): "delete",
+}
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, filled in as it is handled; written as its log line."""
+
+    request_id: str | None = None
+    route: str = ""
+    http_method: str = ""
+    status: int = 0
+    latency_ms: float = 0.0
+    error_code: str | None = None
+    token: str | None = None  # which bearer token was accepted: admin, retrieve, or open
+    method: str | None = None  # the retrieval method that answered
+    requested_method: str | None = None
+    fallback: bool = False
+    n: int | None = None
+    profile: str | None = None
+    labels: str | None = None
+    version: int | None = None
+    previous_version: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The set fields (None and the unused fallback flag left out)."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if not self.fallback:
+            out.pop("fallback")
+        return out
+
+
+_CURRENT: ContextVar[RequestRecord | None] = ContextVar("lad_request_record", default=None)
+
+
+def current() -> RequestRecord | None:
+    """The record of the request being handled here (None outside a request)."""
+    return _CURRENT.get()
+
+
+def note(**fields: Any) -> None:
+    """Add facts to the current request's record; nothing happens outside a request."""
+    record = _CURRENT.get()
+    if record is None:
+        return
+    for name, value in fields.items():
+        if not hasattr(record, name):
+            raise AttributeError(f"RequestRecord has no field {name!r}")
+        setattr(record, name, value)
+
+
+@contextmanager
+def request_scope(record: RequestRecord) -> Iterator[RequestRecord]:
+    """Make ``record`` the current one for the code (and the threads it starts) inside."""
+    token = _CURRENT.set(record)
+    try:
+        yield record
+    finally:
+        _CURRENT.reset(token)
+
+
+def log_request(record: RequestRecord) -> None:
+    """The one line of a finished request, and its audit line for an admin action."""
+    fields = record.fields()
+    level = logging.ERROR if record.status >= 500 else logging.INFO
+    request_log.log(
+        level, "%s %s %d %.1f ms", record.http_method, record.route, record.status,
+        record.latency_ms, extra={"lad": fields},
+    )  # fmt: skip
+    action = AUDITED.get((record.http_method, record.route))
+    if action is not None:
+        audit = {"action": action, "by": record.token or "unauthenticated", **fields}
+        audit_log.info(
+            "%s by %s: %s %s", action, audit["by"], "ok" if record.status < 400 else "refused",
+            record.status, extra={"lad": audit},
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------ formatting
+class _RequestIdFilter(logging.Filter):
+    """Stamp every line logged while a request runs with its id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current_record = _CURRENT.get()
+        if current_record is not None and current_record.request_id:
+            record.request_id = current_record.request_id
+        return True
+
+
+def _extra(record: logging.LogRecord) -> dict[str, Any]:
+    fields = dict(getattr(record, "lad", None) or {})
+    request_id = getattr(record, "request_id", None)
+    if request_id and "request_id" not in fields:
+        fields["request_id"] = request_id
+    return fields
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, then the record's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_extra(record),
+        }
+        if record.exc_info:
+            body["exception"] = self.formatException(record.exc_info)
+        return json.dumps(body, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value ...`` for a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = " ".join(f"{k}={v}" for k, v in _extra(record).items())
+        return f"{line} {extra}" if extra else line
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
+    """Route every logger (ours, uvicorn's, the libraries') through one stderr handler.
+
+    Uvicorn's access log is not used: ``lad.request`` writes the request lines (none for
+    /metrics and /healthz). Library progress bars are turned off elsewhere (app.models).
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_RequestIdFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    logging.getLogger("uvicorn.access").disabled = True
