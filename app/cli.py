@@ -26,8 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench soak": ("app.bench.soak",
                    "drive mixed traffic for M minutes: errors, p99 per minute, memory growth"),
     "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),
+    "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
-    "demo eval": ("app.demo.evaluate", "evaluate the demo model: the model card's table"),
+    "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),
 }
 
 

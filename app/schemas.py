@@ -186,6 +186,11 @@ class CalibrateResponse(BaseModel):
     bias_matrix: list[list[float]] = Field(description="B[t, j]: rows = GT position t")
     attention_prior: list[list[float]] = Field(description="P[l, k], rows in the order of layers")
     layers: list[int] = Field(description="candidate layers Λ (rows of attention_prior)")
+    sink_layers: list[int] = Field(
+        default_factory=list,
+        description="layers whose attention prior puts < 1e-6 on some position; with "
+        "LAD_SINK_GUARD on (the default) they are left out of L*",
+    )
     hyperparameters: dict[str, object] = Field(
         description="the inference settings recorded with the profile (K, τ, variants, M)"
     )

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.engine.answers import DEFAULT_COT_PROMPT
+
 DEFAULT_STORE_URL = "var/profiles"
 MAX_N = 64
 """The largest N any setting or route accepts (LAD_MAX_IMAGES is at most this)."""
@@ -141,6 +143,17 @@ class Settings(BaseSettings):
     tau: float = Field(5.0, gt=0, description="posterior sharpening temperature τ")
     posterior_variant: Literal["reference", "logmean"] = "reference"
     mixture: Literal["linear", "log"] = "linear"
+    sink_guard: bool = Field(
+        True, description="leave layers whose attention prior puts < 1e-6 on some position "
+        "out of L* (DESIGN §2.4); off = exactly the reference math"
+    )
+
+    # --- prompt baselines of the evaluation (DESIGN §2.6) ----------------------------------
+    cot_prompt: str = Field(
+        DEFAULT_COT_PROMPT, description="text of the cot / self_consistency prompts; fields "
+        "{n}, {range}, {noun}, {first}, {last}, {query}"
+    )
+    cot_max_new_tokens: int = Field(64, ge=1, description="longest reasoning + answer")
 
     # --- server ---------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="`lad serve` bind address")
@@ -247,5 +260,6 @@ class Settings(BaseSettings):
             "tau": self.tau,
             "posterior_variant": self.posterior_variant,
             "mixture": self.mixture,
+            "sink_guard": self.sink_guard,
             "prompt_variant": self.prompt_variant,
         }

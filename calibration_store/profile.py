@@ -106,6 +106,11 @@ class Profile(_FingerprintFields):
     bias_matrix: list[list[float]]
     attention_prior: list[list[float]]
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    sink_layers: list[int] = Field(
+        default_factory=list,
+        description="decoder layers of `layers` whose prior starves a position (DESIGN §2.4 "
+        "sink guard); absent in profiles written before the guard existed",
+    )
     num_examples: int = Field(ge=1)
     num_forward_passes: int = Field(ge=0)
     # set by the store on put()
@@ -167,6 +172,8 @@ class Profile(_FingerprintFields):
                 raise ValueError(f"{field} holds a non-finite number")
         if any(x < 0 for row in self.attention_prior for x in row):
             raise ValueError("attention_prior holds a negative attention mass")
+        if not set(self.sink_layers) <= set(self.layers):
+            raise ValueError(f"sink_layers {self.sink_layers} must be a subset of layers")
         self._check_position_share()
         return self
 
@@ -212,6 +219,7 @@ class Profile(_FingerprintFields):
         num_forward_passes: int,
         hyperparameters: dict[str, Any] | None = None,
         notes: str | None = None,
+        sink_layers: Any = (),
         calibration_position_share: Any = None,
     ) -> Profile:
         """Build an unstored profile from a runner fingerprint and the estimates."""
@@ -226,6 +234,7 @@ class Profile(_FingerprintFields):
             num_forward_passes=num_forward_passes,
             hyperparameters=hyperparameters or {},
             notes=notes,
+            sink_layers=[int(x) for x in sink_layers],
             calibration_position_share=calibration_position_share,
         )
 

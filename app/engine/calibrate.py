@@ -23,14 +23,25 @@ Example = tuple[str, Sequence[T], int]
 
 @dataclass(frozen=True)
 class Calibration:
-    """B (N, N), rows = GT position t, and P (|Λ|, N), rows in the order of Λ."""
+    """B (N, N), rows = GT position t, and P (|Λ|, N), rows in the order of Λ; κ̂ when the
+    calibration was estimated here (a stored profile does not keep it)."""
 
     bias_matrix: np.ndarray
     attention_prior: np.ndarray
+    kappa: float | None = None
 
     @property
     def n(self) -> int:
         return int(self.bias_matrix.shape[0])
+
+    @property
+    def sink_layers(self) -> list[int]:
+        """Indices into Λ of the layers whose prior starves a position (§2.4 sink guard)."""
+        return [int(i) for i in np.flatnonzero(debias.sink_layers(self.attention_prior))]
+
+    def allowed_layers(self, guard: bool = True) -> np.ndarray | None:
+        """The mask of Λ that L* may use: the sink guard's when ``guard``, else None (all)."""
+        return debias.allowed_layers(self.attention_prior) if guard else None
 
 
 def calibration_instances(
@@ -49,10 +60,11 @@ def calibration_instances(
 
 
 def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Calibration:
-    """B from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N)."""
+    """B and κ̂ from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N)."""
     return Calibration(
         bias_matrix=debias.estimate_bias_matrix(scores, gt_positions),
         attention_prior=debias.estimate_attention_prior(attention),
+        kappa=debias.visual_gain(debias.observed_matrix(scores, gt_positions)),
     )
 
 

@@ -3,9 +3,10 @@
 Arrays in, arrays out: no torch, no I/O, no global state. Each public function is one
 equation block of the design, named and commented with the paper's symbols:
 
-    §2.3 calibration   rotations / rotate / rotated_position, estimate_bias_matrix (B),
-                       estimate_attention_prior (P)
-    §2.4 inference     select_layers (L*), purified_attention_readout (p̃), sharpen (π),
+    §2.3 calibration   rotations / rotate / rotated_position, observed_matrix (Lobs),
+                       visual_gain (κ̂), estimate_bias_matrix (B), estimate_attention_prior (P)
+    §2.4 inference     sink_layers / allowed_layers (the sink guard), select_layers (L*),
+                       purified_attention_readout (p̃), sharpen (π),
                        attention_posterior (steps 1–3), expected_bias (β),
                        debias_scores (d = s − β)
     §2.5 baselines     pride_prior (g) / pride_scores, raw_attention_readout (ā),
@@ -24,6 +25,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 EPS = 1e-20
+SINK_THRESHOLD = 1e-6
+"""A layer whose prior puts less than this on some position is a sink layer (§2.4)."""
 VARIANTS = ("reference", "logmean")
 MIXTURES = ("linear", "log")
 
@@ -122,19 +125,11 @@ def rotated_position(index: int, shift: int, n: int) -> int:
 # --------------------------------------------------------------------------- §2.3 calibration
 
 
-def estimate_bias_matrix(scores: Any, gt_positions: Any) -> np.ndarray:
-    """Conditional bias matrix B (N, N) from rotated calibration instances.
+def observed_matrix(scores: Any, gt_positions: Any) -> np.ndarray:
+    """Lobs (N, N): row t is the mean score vector s of the instances whose GT is at t.
 
-    scores: (R, N) label log-probs s of the R rotated instances; gt_positions: (R,) the
-    GT position t of each. With Lobs[t, :] the mean s over instances whose GT is at t,
-
-        κ̂ = max_{t≠j} (Lobs[t,t] − Lobs[t,j])     (0 if N = 1)
-        μ = mean(Lobs);  I = (μ − κ̂/N)·1 + κ̂·𝕀;  B = Lobs − I.
-
-    κ̂ estimates the visual gain log γ of Pobs(j|t) ∝ Pbias(j|t)·γ^[j=t], so every row has
-    B[t,t] <= B[t,j] (the bias never helps the GT) and B sums to 0. Off-diagonal
-    differences B[t,j] − B[t,j'] are exactly Lobs[t,j] − Lobs[t,j'] (the bias log-ratio).
-    Every position 0..N-1 must hold the GT at least once.
+    scores: (R, N) label log-probs of the R rotated instances; gt_positions: (R,) the GT
+    position t of each. Every position 0..N-1 must hold the GT at least once.
     """
     s = _array(scores, "scores", (2,))
     gt = np.asarray(gt_positions)
@@ -159,10 +154,39 @@ def estimate_bias_matrix(scores: Any, gt_positions: Any) -> np.ndarray:
         )
     l_obs = np.zeros((n, n))
     np.add.at(l_obs, gt, s)
-    l_obs /= counts[:, None]
-    margins = np.diag(l_obs)[:, None] - l_obs  # Lobs[t,t] − Lobs[t,j]
-    off_diag = ~np.eye(n, dtype=bool)
-    kappa = float(np.max(margins[off_diag])) if n > 1 else 0.0
+    return l_obs / counts[:, None]
+
+
+def visual_gain(l_obs: Any) -> float:
+    """κ̂ = max_{t≠j} (Lobs[t,t] − Lobs[t,j]), 0 if N = 1: the largest observed log-margin of
+    the GT over any other position (the visual gain log γ)."""
+    lo = _array(l_obs, "l_obs", (2,))
+    n = lo.shape[0]
+    if lo.shape != (n, n):
+        raise ValueError(f"l_obs must be square (N, N), got {lo.shape}")
+    if n == 1:
+        return 0.0
+    margins = np.diag(lo)[:, None] - lo  # Lobs[t,t] − Lobs[t,j]
+    return float(np.max(margins[~np.eye(n, dtype=bool)]))
+
+
+def estimate_bias_matrix(scores: Any, gt_positions: Any) -> np.ndarray:
+    """Conditional bias matrix B (N, N) from rotated calibration instances.
+
+    scores: (R, N) label log-probs s of the R rotated instances; gt_positions: (R,) the
+    GT position t of each. With Lobs[t, :] the mean s over instances whose GT is at t,
+
+        κ̂ = max_{t≠j} (Lobs[t,t] − Lobs[t,j])     (0 if N = 1)
+        μ = mean(Lobs);  I = (μ − κ̂/N)·1 + κ̂·𝕀;  B = Lobs − I.
+
+    κ̂ estimates the visual gain log γ of Pobs(j|t) ∝ Pbias(j|t)·γ^[j=t], so every row has
+    B[t,t] <= B[t,j] (the bias never helps the GT) and B sums to 0. Off-diagonal
+    differences B[t,j] − B[t,j'] are exactly Lobs[t,j] − Lobs[t,j'] (the bias log-ratio).
+    Every position 0..N-1 must hold the GT at least once.
+    """
+    l_obs = observed_matrix(scores, gt_positions)
+    n = l_obs.shape[0]
+    kappa = visual_gain(l_obs)
     mu = float(np.mean(l_obs))
     ideal = (mu - kappa / n) * np.ones((n, n)) + kappa * np.eye(n)
     return l_obs - ideal
@@ -180,15 +204,52 @@ def estimate_attention_prior(attention: Any) -> np.ndarray:
 # --------------------------------------------------------------------------- §2.4 inference
 
 
-def select_layers(attention: Any, top_k: int) -> np.ndarray:
+def sink_layers(prior: Any, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+    """Sink flags (|Λ|,) bool: layers whose prior has min_k P^(l)_k < threshold.
+
+    Such a layer (seen in early layers that send all image attention to the first image)
+    makes the division p̃_k = ā_k / p̄_k of step 2 explode at the starved positions.
+    """
+    p = _array(prior, "prior", (2,), nonneg=True)
+    return p.min(axis=-1) < _positive(threshold, "threshold")
+
+
+def allowed_layers(prior: Any, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+    """The sink guard's mask of Λ (|Λ|,) bool: True for the layers L* may use.
+
+    Every layer but the sink layers; when every layer is a sink there is nothing better to
+    use, so all of them stay allowed (the calibration response still names them).
+    """
+    flagged = sink_layers(prior, threshold)
+    return ~flagged if not np.all(flagged) else np.ones_like(flagged)
+
+
+def _layer_mask(mask: Any, layers: int) -> np.ndarray | None:
+    if mask is None:
+        return None
+    m = np.asarray(mask)
+    if m.dtype != bool or m.shape != (layers,):
+        raise ValueError(f"layer_mask must be a bool array of shape ({layers},), got {m.shape}")
+    if not m.any():
+        raise ValueError("layer_mask allows no layer; L* needs at least one")
+    return m
+
+
+def select_layers(attention: Any, top_k: int, layer_mask: Any = None) -> np.ndarray:
     """L*: indices (into Λ) of the K layers with the largest image mass S^(l) = Σ_k a_k^(l).
 
     attention (|Λ|, N) -> (K,) or (B, |Λ|, N) -> (B, K), largest S first (ties: lower
     index first). K = min(top_k, |Λ|), so top_k >= |Λ| selects every layer.
+    ``layer_mask`` (|Λ|,) bool, optional: only the True layers may enter L* (the sink
+    guard), and K = min(top_k, number of allowed layers).
     """
     a = _array(attention, "attention", (2, 3), nonneg=True)
-    k = min(_top_k(top_k), a.shape[-2])
+    mask = _layer_mask(layer_mask, a.shape[-2])
     mass = a.sum(axis=-1)  # S^(l)
+    k = min(_top_k(top_k), a.shape[-2])
+    if mask is not None:
+        k = min(k, int(mask.sum()))
+        mass = np.where(mask, mass, -np.inf)
     return np.argsort(-mass, axis=-1, kind="stable")[..., :k]
 
 
@@ -204,18 +265,20 @@ def purified_attention_readout(
     top_k: int = 2,
     variant: str = "reference",
     eps: float = EPS,
+    layer_mask: Any = None,
 ) -> np.ndarray:
     """Purified attention p̃_k (N,) or (B, N): attention over L* divided by the prior.
 
     "reference" (authors' code): ā_k = mean_{L*} a_k^(l); p̄_k = exp(mean_{L*} log(P^(l)_k + ε));
     p̃_k = ā_k / p̄_k.  "logmean" (paper's equation): log p̃_k = mean_{L*} (log a_k^(l) − log P^(l)_k).
-    argmax p̃ is the attn_pure baseline.
+    argmax p̃ is the attn_pure baseline. ``layer_mask``: the layers L* may use (see
+    ``select_layers``; the sink guard passes ``allowed_layers(prior)``).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
     eps = _positive(eps, "eps")
     a, p = _attention_and_prior(attention, prior)
-    layers = select_layers(a, top_k)
+    layers = select_layers(a, top_k, layer_mask)
     a_sel = _gather_layers(a, layers)
     p_sel = _gather_layers(np.broadcast_to(p, a.shape), layers)
     if variant == "reference":
@@ -241,14 +304,18 @@ def attention_posterior(
     tau: float = 5.0,
     variant: str = "reference",
     eps: float = EPS,
+    layer_mask: Any = None,
 ) -> np.ndarray:
     """Steps 1–3 of §2.4: π (N,) from a^(l) (|Λ|, N) and P (|Λ|, N); π is ≥ 0 and sums to 1.
 
     attention may carry a leading batch dimension, (B, |Λ|, N) -> (B, N); the prior is
-    shared. top_k >= |Λ| averages over every layer.
+    shared. top_k >= |Λ| averages over every layer. ``layer_mask`` restricts L* (the
+    sink guard); None is the reference math.
     """
     tau = _positive(tau, "tau")
-    purified = purified_attention_readout(attention, prior, top_k=top_k, variant=variant, eps=eps)
+    purified = purified_attention_readout(
+        attention, prior, top_k=top_k, variant=variant, eps=eps, layer_mask=layer_mask
+    )
     return sharpen(purified, tau=tau, eps=eps)
 
 

@@ -27,12 +27,16 @@ MULTI_PASS: frozenset[str] = frozenset({"perm_avg"})
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """The inference hyper-parameters of §2.4: K, τ and the two variant switches."""
+    """The inference hyper-parameters of §2.4: K, τ, the two variant switches, the sink guard
+    (sink layers of the prior stay out of L*) and ``use_prior`` (False: the posterior without
+    the prior division, P = ones; an ablation)."""
 
     top_k: int = 2
     tau: float = 5.0
     posterior_variant: str = "reference"
     mixture: str = "linear"
+    sink_guard: bool = True
+    use_prior: bool = True
 
 
 @dataclass
@@ -80,14 +84,22 @@ def apply_method(
     if method == "pride":
         d = debias.pride_scores(s, calibration.bias_matrix)
         return MethodOutput(debias.softmax(d), debiased_scores=d)
-    posterior = debias.attention_posterior(
-        attention, calibration.attention_prior, top_k=config.top_k, tau=config.tau,
-        variant=config.posterior_variant,
-    )  # fmt: skip
+    posterior = _posterior(attention, calibration, config)
     if method == "attn_pure":
         return MethodOutput(posterior, posterior=posterior)
     d = debias.debias_scores(s, calibration.bias_matrix, posterior, mixture=config.mixture)
     return MethodOutput(debias.softmax(d), posterior=posterior, debiased_scores=d)
+
+
+def _posterior(attention: Any, calibration: Calibration, config: MethodConfig) -> np.ndarray:
+    """Steps 1–3 of §2.4 under the config: the sink guard's layer mask, the prior or ones
+    (without the prior division there is nothing for a sink layer to blow up: no guard)."""
+    prior = np.asarray(calibration.attention_prior, dtype=np.float64)
+    return debias.attention_posterior(
+        attention, prior if config.use_prior else np.ones_like(prior), top_k=config.top_k,
+        tau=config.tau, variant=config.posterior_variant,
+        layer_mask=calibration.allowed_layers(config.sink_guard and config.use_prior),
+    )  # fmt: skip
 
 
 def _perm_avg(scores: np.ndarray, rotated_scores: Sequence[Any] | None) -> MethodOutput:

@@ -1,11 +1,15 @@
-"""Evaluation core (DESIGN §2.7): orderings, accuracy, RStd, consistency, confusion.
+"""The one evaluation harness of the project (``lad eval``, DESIGN §2.7).
 
-    protocol  T orderings per item (identity + T-1 distinct random permutations, seeded
-              per item), apply_ordering, gt_positions, chosen_images
-    metrics   accuracy_per_ordering, recall_per_position, recall_std (RStd), consistency
-              (Cons), confusion_matrix, evaluate_predictions -> MethodResult
-    report    results_table / confusion_table (Markdown or plain text)
-
-Pure functions over arrays of predicted positions (items x orderings); the model-facing
-loop lives in the callers (``app.demo.evaluate`` for the demo model card).
+    cli          the command: flags -> EvalConfig, load the model, run
+    harness      one run per (n, setting): datasets -> calibration -> orderings -> methods
+                 -> predictions.jsonl, calibration.json, metrics.json, report.md, plots
+    datasets/    one reader each: synthetic (the demo world), jsonl, coco, flickr; CLIP
+                 nearest neighbours for adversarial negatives
+    protocol     balanced orderings (the GT at every position equally often)
+    evidence     batched forwards, calibration and the records of every method (the engine's
+                 calibration build and method dispatch; generation for cot/self_consistency)
+    records      the prediction record (the keys of predictions.jsonl) and its arrays
+    metrics      metrics.json from the records alone; stats: bootstrap, noise floor, ROC-AUC;
+                 diagnostics: AUC per position, agd vs attn_pure, κ̂, the prior per layer
+    plots, report  the figures and report.md from metrics.json
 """

@@ -5,10 +5,12 @@ shows image ``perm[p]`` at position ``p``, i.e. ``ordered = [images[i] for i in 
 So an image ``i`` sits at position ``inverse(perm)[i]``, and a prediction at position
 ``p`` chose image ``perm[p]``.
 
-Each item gets its own T orderings: the identity first, then T-1 distinct non-identity
-random permutations drawn from ``SeedSequence([seed, item_index])``, so adding items
-never changes the orderings of the others. Where fewer than T distinct permutations exist
-(N! < T, e.g. N = 2), all N! are used and then repeated in the same order.
+Balanced GT positions: each item gets T = B·N orderings, B random base permutations
+(distinct where N! allows) each followed by its N cyclic shifts
+``[base[(p + r) % N] for p in range(N)]``, r = 0..N-1. Under the N shifts of one base,
+every image (the GT included) visits every position exactly once, so every item is seen
+with its GT at every position B times. The draws of item i come from
+``SeedSequence([seed, i])`` alone, so adding items never changes the others' orderings.
 """
 
 from __future__ import annotations
@@ -19,38 +21,42 @@ from typing import TypeVar
 
 import numpy as np
 
-T_ORDERINGS = 5  # the paper's T: identity + 4 random permutations
-DEFAULT_SEED = 0
+DEFAULT_ORDERINGS = 4
+DEFAULT_ORDERING_SEED = 0
 
 Item = TypeVar("Item")
 
 
-def make_orderings(n: int, t: int = T_ORDERINGS, *, rng: np.random.Generator) -> np.ndarray:
-    """(T, N) int array: the identity, then T-1 distinct random permutations of 0..N-1."""
-    if n < 1 or t < 1:
-        raise ValueError(f"need n >= 1 and t >= 1, got n={n}, t={t}")
-    identity = tuple(range(n))
-    chosen: list[tuple[int, ...]] = [identity]
-    distinct = min(t, math.factorial(n)) if n <= 12 else t
-    seen = {identity}
-    while len(chosen) < distinct:
-        perm = tuple(int(x) for x in rng.permutation(n))
-        if perm not in seen:
-            seen.add(perm)
-            chosen.append(perm)
-    while len(chosen) < t:  # N! < T: repeat the complete set
-        chosen.append(chosen[len(chosen) % distinct])
-    return np.asarray(chosen, dtype=np.int64)
+def balanced_count(requested: int, n: int) -> int:
+    """T rounded up to a multiple of N (at least N): the orderings actually used."""
+    if requested < 1 or n < 1:
+        raise ValueError(f"need orderings >= 1 and n >= 1, got {requested}, {n}")
+    return n * math.ceil(requested / n)
 
 
-def item_orderings(
-    n: int, n_items: int, t: int = T_ORDERINGS, seed: int = DEFAULT_SEED, start: int = 0
-) -> np.ndarray:
-    """(n_items, T, N): the T orderings of items ``start .. start + n_items - 1``."""
+def balanced_orderings(n: int, t: int, *, rng: np.random.Generator) -> np.ndarray:
+    """(T, N) int array, T a multiple of N: base permutations, each with its N cyclic shifts."""
+    if t % n:
+        raise ValueError(f"T = {t} is not a multiple of N = {n}; use balanced_count")
+    blocks = t // n
+    distinct = min(blocks, math.factorial(n)) if n <= 12 else blocks
+    bases: list[tuple[int, ...]] = []
+    while len(bases) < distinct:
+        base = tuple(int(x) for x in rng.permutation(n))
+        if base not in bases:
+            bases.append(base)
+    while len(bases) < blocks:  # N! < B: repeat the complete set
+        bases.append(bases[len(bases) % distinct])
+    orderings = [[base[(p + r) % n] for p in range(n)] for base in bases for r in range(n)]
+    return np.asarray(orderings, dtype=np.int64)
+
+
+def item_orderings(n: int, n_items: int, t: int, seed: int = DEFAULT_ORDERING_SEED) -> np.ndarray:
+    """(n_items, T, N): the balanced orderings of items 0 .. n_items - 1 (T a multiple of N)."""
     return np.stack(
         [
-            make_orderings(n, t, rng=np.random.default_rng(np.random.SeedSequence([seed, i])))
-            for i in range(start, start + n_items)
+            balanced_orderings(n, t, rng=np.random.default_rng(np.random.SeedSequence([seed, i])))
+            for i in range(n_items)
         ]
     ).reshape(n_items, t, n)
 
@@ -83,17 +89,4 @@ def gt_positions(targets: Sequence[int] | np.ndarray, orderings: np.ndarray) -> 
         raise ValueError(
             f"need targets (I,) and orderings (I, T, N), got {tgt.shape}, {perms.shape}"
         )
-    # position p with perms[i, t, p] == targets[i]
     return np.argmax(perms == tgt[:, None, None], axis=-1)
-
-
-def chosen_images(predicted_positions: np.ndarray, orderings: np.ndarray) -> np.ndarray:
-    """(I, T): the image (original index) chosen by each prediction: ``perm[predicted]``."""
-    perms = _check_orderings(orderings)
-    pred = np.asarray(predicted_positions, dtype=np.int64)
-    if pred.shape != perms.shape[:-1]:
-        raise ValueError(f"predictions {pred.shape} do not match orderings {perms.shape}")
-    n = perms.shape[-1]
-    if np.any(pred < 0) or np.any(pred >= n):
-        raise ValueError(f"predicted positions must lie in 0..{n - 1}")
-    return np.take_along_axis(perms, pred[..., None], axis=-1)[..., 0]

@@ -68,6 +68,7 @@ class Service:
         self.method_config = MethodConfig(
             top_k=settings.top_k, tau=settings.tau,
             posterior_variant=settings.posterior_variant, mixture=settings.mixture,
+            sink_guard=settings.sink_guard,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
         metrics.watch_store(lambda: bool(store.health().get("ok", False)))
@@ -305,6 +306,7 @@ class Service:
             bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
             num_examples=len(request.examples), num_forward_passes=len(works),
             hyperparameters=hyper, calibration_position_share=raw_position_share(scores),
+            sink_layers=[self.runner.layers[i] for i in calibration.sink_layers],
         )  # fmt: skip
         stored = await self.profiles.put(profile)
         logs.note(version=stored.version)
@@ -313,6 +315,7 @@ class Service:
             labels=stored.label_scheme, n=n, num_examples=len(request.examples),
             forward_passes=len(works), bias_matrix=stored.bias_matrix,
             attention_prior=stored.attention_prior, layers=stored.layers,
-            hyperparameters=stored.hyperparameters, created_at=stored.created_at,
+            sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters,
+            created_at=stored.created_at,
             duration_s=round(time.perf_counter() - t0, 4),
         )  # fmt: skip

@@ -81,8 +81,18 @@ def test_hyperparameters_recorded_in_profiles() -> None:
     s = _settings(top_k=3, mixture="log")
     assert s.method_hyperparameters() == {
         "top_k": 3, "tau": 5.0, "posterior_variant": "reference", "mixture": "log",
-        "prompt_variant": "vanilla",
+        "sink_guard": True, "prompt_variant": "vanilla",
     }
+
+
+def test_sink_guard_and_cot_wording_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAD_SINK_GUARD", "false")
+    monkeypatch.setenv("LAD_COT_PROMPT", "Think. Caption: {query} Answer: ")
+    s = Settings(_env_file=None)
+    assert s.sink_guard is False and s.method_hyperparameters()["sink_guard"] is False
+    assert s.cot_prompt == "Think. Caption: {query} Answer: "
+    monkeypatch.delenv("LAD_SINK_GUARD")
+    assert Settings(_env_file=None).sink_guard is True
 
 
 def test_env_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,6 +108,16 @@ def test_profiles_are_immutable() -> None:
         profile.version = 4  # type: ignore[misc]
 
 
+def test_sink_layers_are_stored_and_old_profiles_still_load() -> None:
+    profile = build(sink_layers=[5])
+    assert Profile.from_json(profile.to_json()).sink_layers == [5]
+    old = build().to_dict()
+    del old["sink_layers"]  # a document written before the sink guard existed
+    assert Profile.from_dict(old).sink_layers == []
+    with pytest.raises(ValidationError, match="subset of layers"):
+        build(sink_layers=[9])
+
+
 def test_calibration_position_share_is_optional_and_checked() -> None:
     old = build().stored_as(1).to_dict()
     del old["calibration_position_share"]  # a profile written before the field existed

@@ -1,129 +1,176 @@
-"""Evaluation core (DESIGN §2.7): orderings, Acc, RStd, Cons, confusion, tables."""
+"""The evaluation's pure parts: balanced orderings, the statistics, and metrics.json computed
+from prediction records, checked against independent loop-by-loop recomputations."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from app.eval import metrics, protocol, report
-
-# Hand-computed example: I = 2 items, T = 2 orderings, N = 3.
-ORDERINGS = np.array([[[0, 1, 2], [2, 0, 1]], [[0, 1, 2], [1, 2, 0]]])
-TARGETS = np.array([0, 2])
-GT = np.array(
-    [[0, 1], [2, 1]]
-)  # image 0 sits at position 1 of [2, 0, 1]; image 2 at 1 of [1, 2, 0]
-PRED = np.array([[0, 0], [2, 1]])  # item 0 under ordering 1 picks position 0 = image 2 (wrong)
+from app.eval import protocol, stats
+from app.eval.metrics import compute_metrics
+from app.eval.records import make_record
 
 
-def test_make_orderings_identity_first_and_distinct() -> None:
-    perms = protocol.make_orderings(4, 5, rng=np.random.default_rng(0))
-    assert perms.shape == (5, 4)
-    assert perms[0].tolist() == [0, 1, 2, 3]
-    assert len({tuple(p) for p in perms.tolist()}) == 5
-    for p in perms:
-        assert sorted(p.tolist()) == [0, 1, 2, 3]
+def test_balanced_orderings_put_every_image_at_every_position_equally() -> None:
+    assert protocol.balanced_count(4, 4) == 4
+    assert protocol.balanced_count(4, 8) == 8
+    assert protocol.balanced_count(5, 4) == 8
+    orderings = protocol.item_orderings(5, 3, 10, seed=7)
+    assert orderings.shape == (3, 10, 5)
+    for item in orderings:
+        for image in range(5):
+            positions = np.argmax(item == image, axis=1)
+            assert np.bincount(positions, minlength=5).tolist() == [2] * 5
+        bases = {tuple(item[b * 5]) for b in range(2)}
+        assert len(bases) == 2  # distinct base permutations
+    np.testing.assert_array_equal(protocol.item_orderings(5, 2, 10, seed=7), orderings[:2])
+    assert not np.array_equal(protocol.item_orderings(5, 3, 10, seed=8), orderings)
+    with pytest.raises(ValueError, match="multiple"):
+        protocol.balanced_orderings(4, 6, rng=np.random.default_rng(0))
 
 
-def test_make_orderings_with_fewer_permutations_than_t() -> None:
-    perms = protocol.make_orderings(2, 5, rng=np.random.default_rng(0)).tolist()
-    assert perms == [[0, 1], [1, 0], [0, 1], [1, 0], [0, 1]]
-    assert protocol.make_orderings(1, 5, rng=np.random.default_rng(0)).tolist() == [[0]] * 5
+def test_balanced_orderings_with_few_permutations() -> None:
+    orderings = protocol.balanced_orderings(2, 6, rng=np.random.default_rng(0))
+    assert sorted(map(tuple, orderings.tolist())) == [(0, 1)] * 3 + [(1, 0)] * 3
 
 
-def test_item_orderings_are_seeded_per_item() -> None:
-    a = protocol.item_orderings(8, 10, seed=3)
-    b = protocol.item_orderings(8, 4, seed=3, start=6)
-    assert a.shape == (10, 5, 8)
-    np.testing.assert_array_equal(a[6:], b)
-    assert not np.array_equal(a, protocol.item_orderings(8, 10, seed=4))
-    assert len({tuple(p) for p in a[:, 1].tolist()}) > 1  # items get different permutations
-
-
-def test_apply_ordering_and_positions() -> None:
-    images = ["x", "y", "z"]
-    assert protocol.apply_ordering(images, [2, 0, 1]) == ["z", "x", "y"]
+def test_gt_positions_and_apply_ordering() -> None:
+    assert protocol.apply_ordering(["x", "y", "z"], [2, 0, 1]) == ["z", "x", "y"]
     with pytest.raises(ValueError):
-        protocol.apply_ordering(images, [0, 0, 1])
-    np.testing.assert_array_equal(protocol.gt_positions(TARGETS, ORDERINGS), GT)
-    np.testing.assert_array_equal(protocol.chosen_images(PRED, ORDERINGS), [[0, 2], [2, 2]])
-    # the position of the GT under the shown list holds the GT image
-    for i in range(2):
-        for t in range(2):
-            shown = protocol.apply_ordering([0, 1, 2], ORDERINGS[i, t])
-            assert shown[GT[i, t]] == TARGETS[i]
+        protocol.apply_ordering(["x", "y"], [0, 0])
+    orderings = np.array([[[0, 1, 2], [2, 0, 1]], [[0, 1, 2], [1, 2, 0]]])
+    np.testing.assert_array_equal(protocol.gt_positions([0, 2], orderings), [[0, 1], [2, 1]])
 
 
-def test_hand_computed_metrics() -> None:
-    np.testing.assert_allclose(metrics.accuracy_per_ordering(PRED, GT), [100.0, 50.0])
-    recall = metrics.recall_per_position(PRED, GT, 3)
-    np.testing.assert_allclose(recall, [100.0, 50.0, 100.0])
-    assert metrics.recall_std(recall) == pytest.approx(math.sqrt(2500 / 3))  # 28.87
-    assert metrics.consistency(protocol.chosen_images(PRED, ORDERINGS)) == 50.0
-    np.testing.assert_allclose(
-        metrics.confusion_matrix(PRED, GT, 3),
-        [[100.0, 0.0, 0.0], [50.0, 50.0, 0.0], [0.0, 0.0, 100.0]],
-    )
+def _brute_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    pos, neg = scores[labels], scores[~labels]
+    wins = sum((p > q) + 0.5 * (p == q) for p, q in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
 
 
-def test_evaluate_predictions_collects_everything() -> None:
-    result = metrics.evaluate_predictions("vanilla", PRED, TARGETS, ORDERINGS)
-    assert result.n == 3 and result.n_items == 2 and result.n_orderings == 2
-    assert result.accuracy_mean == pytest.approx(75.0)
-    assert result.accuracy_std == pytest.approx(math.sqrt(1250))  # std of [100, 50], n-1
-    assert result.rstd == pytest.approx(math.sqrt(2500 / 3))
-    assert result.consistency == 50.0
-    assert result.recall_per_position == [100.0, 50.0, 100.0]
-    d = result.to_dict()
-    assert d["method"] == "vanilla" and d["confusion"][1] == [50.0, 50.0, 0.0]
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_is_the_pairwise_definition_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, 4, size=40).astype(float)  # many ties
+    labels = rng.random(40) < 0.3
+    assert stats.roc_auc(scores, labels) == pytest.approx(_brute_auc(scores, labels))
+    assert stats.roc_auc(scores, np.zeros(40, bool)) is None
+    assert stats.roc_auc([1.0, 2.0, 3.0], [False, False, True]) == 1.0
+    assert stats.roc_auc([3.0, 2.0, 1.0], [False, False, True]) == 0.0
 
 
-def test_position_missing_from_gt_is_nan_and_ignored() -> None:
-    gt = np.array([[0, 0], [1, 1]])
-    pred = np.array([[0, 1], [1, 1]])
-    recall = metrics.recall_per_position(pred, gt, 3)
-    assert recall[:2].tolist() == [50.0, 100.0] and np.isnan(recall[2])
-    assert metrics.recall_std(recall) == pytest.approx(np.std([50.0, 100.0], ddof=1))
-    assert metrics.confusion_matrix(pred, gt, 3)[2].tolist() == [0.0, 0.0, 0.0]
+def test_average_ranks() -> None:
+    assert stats.average_ranks([10, 20, 20, 5]).tolist() == [2.0, 3.5, 3.5, 1.0]
 
 
-def test_position_blind_oracle_and_first_position_picker() -> None:
-    """An oracle is perfect and consistent; always answering "1" is biased and inconsistent."""
-    n, items = 4, 200
-    orderings = protocol.item_orderings(n, items, seed=1)
-    targets = np.random.default_rng(2).integers(n, size=items)
+def test_noise_floor_matches_the_binomial_spread() -> None:
+    counts = [4000] * 4
+    floor = stats.rstd_noise_floor(60.0, counts, seed=1)
+    assert floor == pytest.approx(100 * math.sqrt(0.6 * 0.4 / 4000), rel=0.15)
+    assert stats.rstd_noise_floor(60.0, [50] * 8) > stats.rstd_noise_floor(60.0, [800] * 8)
+    assert stats.rstd_noise_floor(100.0, [50] * 4) == 0.0
+    assert stats.rstd_noise_floor(50.0, [50]) == 0.0
+
+
+def test_item_bootstrap_ci() -> None:
+    per_item = np.r_[np.ones(50), np.zeros(50)] * 100
+    idx = stats.bootstrap_indices(100, 2000, seed=3)
+    lo, hi = stats.mean_ci(per_item, idx)
+    assert lo < 50 < hi and hi - lo == pytest.approx(2 * 1.96 * 5, rel=0.2)  # ±1.96·SE
+    np.testing.assert_array_equal(idx, stats.bootstrap_indices(100, 2000, seed=3))
+
+
+# ------------------------------------------------------------------ metrics from records
+N, ITEMS, T = 3, 12, 6
+
+
+def _records(seed: int = 0) -> list[dict]:
+    """vanilla biased to position 0, agd right ~70%, a generation method with None answers."""
+    rng = np.random.default_rng(seed)
+    orderings = protocol.item_orderings(N, ITEMS, T, seed=seed)
+    targets = rng.integers(0, N, size=ITEMS)
     gt = protocol.gt_positions(targets, orderings)
-    oracle = metrics.evaluate_predictions("oracle", gt, targets, orderings)
-    assert oracle.accuracy_mean == 100.0 and oracle.rstd == 0.0 and oracle.consistency == 100.0
-    first = metrics.evaluate_predictions("first", np.zeros_like(gt), targets, orderings)
-    assert first.recall_per_position == [100.0, 0.0, 0.0, 0.0]
-    assert first.rstd == pytest.approx(50.0)  # std of [100, 0, 0, 0], n-1
-    assert 15.0 < first.accuracy_mean < 35.0
-    assert first.consistency < 10.0  # the same image rarely comes first in all 5 orderings
-    np.testing.assert_allclose(np.asarray(first.confusion)[:, 0], 100.0)
+    records = []
+    for method in ("vanilla", "agd", "cot"):
+        for i in range(ITEMS):
+            for o in range(T):
+                g = int(gt[i, o])
+                if method == "vanilla":
+                    pred = 0 if rng.random() < 0.7 else g
+                elif method == "agd":
+                    pred = g if rng.random() < 0.7 else int(rng.integers(N))
+                else:
+                    pred = None if rng.random() < 0.3 else int(rng.integers(N))
+                p = rng.random(N)
+                if pred is not None:
+                    p[pred] = p.max() + 1
+                p /= p.sum()
+                gen = None if method != "cot" else {"answers": [pred], "text": "x"}
+                records.append(make_record(
+                    item=f"it{i}", n=N, setting="random", dataset="d", ordering=o,
+                    order=orderings[i, o], method=method, gt_position=g, probabilities=p,
+                    predicted_position=pred, forward_passes=1, latency_ms=2.0, generation=gen,
+                ))  # fmt: skip
+    return records
 
 
-def test_shape_errors() -> None:
-    with pytest.raises(ValueError):
-        metrics.accuracy_per_ordering(PRED, GT[:1])
-    with pytest.raises(ValueError):
-        protocol.chosen_images(np.array([[0, 3], [0, 0]]), ORDERINGS)
-    with pytest.raises(ValueError):
-        protocol.gt_positions(TARGETS, np.array([[[0, 0, 1]] * 2] * 2))
+def test_metrics_recomputed_by_hand_from_records() -> None:
+    records = _records()
+    metrics = compute_metrics(records, samples=300, seed=0)
+    (run,) = metrics["runs"]
+    assert run["position_counts"] == [ITEMS * T // N] * N
+    for method, m in run["methods"].items():
+        mine = [r for r in records if r["method"] == method]
+        assert m["acc"] == pytest.approx(100 * np.mean([r["correct"] for r in mine]))
+        assert m["acc_ci"][0] <= m["acc"] <= m["acc_ci"][1]
+        recall = []
+        for t in range(N):
+            at_t = [r for r in mine if r["gt_position"] == t]
+            recall.append(100 * np.mean([r["correct"] for r in at_t]))
+        assert m["recall_by_position"] == pytest.approx(recall)
+        assert m["rstd"] == pytest.approx(np.std(recall, ddof=1))
+        selection = [100 * np.mean([r["predicted_position"] == j for r in mine]) for j in range(N)]
+        assert m["selection_by_position"] == pytest.approx(selection)
+        consistent = 0
+        for i in range(ITEMS):
+            chosen = {r["order"][r["predicted_position"]] if r["predicted_position"] is not None
+                      else None for r in mine if r["item"] == f"it{i}"}  # fmt: skip
+            consistent += chosen != {None} and len(chosen) == 1
+        assert m["cons"] == pytest.approx(100 * consistent / ITEMS)
+        rr = []
+        for r in mine:
+            p = np.asarray(r["probabilities"])
+            g = p[r["gt_position"]]
+            rr.append(1 / (1 + (p > g).sum() + ((p == g).sum() - 1) / 2))
+        assert m["mrr"] == pytest.approx(np.mean(rr))
+        assert m["generation_based"] is (method == "cot")
+    cot = run["methods"]["cot"]
+    nones = [r for r in records if r["method"] == "cot" and r["predicted_position"] is None]
+    assert cot["unparseable_pct"] == pytest.approx(100 * len(nones) / (ITEMS * T))
+    assert sum(cot["selection_by_position"]) == pytest.approx(100 - cot["no_answer_pct"])
+    paired = run["paired"]["agd-vanilla"]
+    agd = {(r["item"], r["ordering"]): r["correct"] for r in records if r["method"] == "agd"}
+    van = {(r["item"], r["ordering"]): r["correct"] for r in records if r["method"] == "vanilla"}
+    assert paired["diff"] == pytest.approx(100 * np.mean([agd[k] - van[k] for k in agd]))
+    assert paired["rescues"] == sum(agd[k] and not van[k] for k in agd)
+    assert paired["harms"] == sum(van[k] and not agd[k] for k in agd)
+    assert paired["inside_noise"] == (paired["ci"][0] <= 0 <= paired["ci"][1])
+    assert set(run["paired"]) == {"agd-vanilla", "cot-vanilla"}
+    auc = run["diagnostics"]["roc_auc"]["logits"]
+    assert len(auc) == N and all(0 <= a <= 1 for a in auc)
 
 
-def test_tables() -> None:
-    result = metrics.evaluate_predictions("vanilla", PRED, TARGETS, ORDERINGS)
-    other = metrics.evaluate_predictions("agd", GT, TARGETS, ORDERINGS)
-    md = report.results_table([result, other]).splitlines()
-    assert len(md) == 4 and md[0].startswith("| method")
-    assert "75.0 ± 35.4" in md[2] and "28.9" in md[2] and "50.0" in md[2]
-    assert "100.0 ± 0.0" in md[3]
-    text = report.results_table([result], fmt="text")
-    assert "|" not in text and "vanilla" in text
-    confusion = report.confusion_table(result).splitlines()
-    assert len(confusion) == 2 + 3 and "50.0" in confusion[3]
-    with pytest.raises(ValueError):
-        report.results_table([result], fmt="html")
+def test_vanilla_position_bias_is_outside_its_noise_floor() -> None:
+    (run,) = compute_metrics(_records(1), samples=200)["runs"]
+    vanilla = run["methods"]["vanilla"]
+    assert vanilla["rstd"] > vanilla["rstd_noise_floor"]
+    assert vanilla["selection_by_position"][0] > 60
+
+
+def test_incomplete_records_are_refused() -> None:
+    records = _records()[:-1]
+    with pytest.raises(ValueError, match="records, expected"):
+        compute_metrics(records)

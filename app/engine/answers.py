@@ -1,0 +1,93 @@
+"""Generation-based baselines (DESIGN §2.5–§2.6): the CoT prompt text, the answer parser, the vote.
+
+``cot`` asks for reasoning first and a final "The answer is <label>"; ``self_consistency``
+samples several such paths and takes the majority of the parsed answers. The wording is
+a setting (``LAD_COT_PROMPT``); ``DEFAULT_COT_PROMPT`` is the one the demo tokenizer knows.
+Torch-free: the parser and the vote are pure functions over strings and integers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from app.engine.labels import label_phrases
+
+DEFAULT_COT_PROMPT = (
+    "Given {n} images {range}, identify the image that best matches the provided caption. "
+    "Think step by step first, then give your final answer as \"The answer is {last}\" "
+    "with {noun} of the image.\n"
+    "Caption: {query}\n"
+    "Answer: "
+)
+"""The CoT / self-consistency text part (the N images come first, as in §2.6)."""
+
+SELF_CONSISTENCY_SAMPLES = 10
+SELF_CONSISTENCY_TEMPERATURE = 0.7
+
+_ANSWER_IS = re.compile(
+    r"answer\s*(?:is|:|=)?\s*[:=\-]?\s*[\"'(\[<*]*\s*(?:image|picture|label|index|number|no\.?)?"
+    r"\s*[#:]?\s*([A-Za-z0-9]+)",
+    re.IGNORECASE,
+)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def cot_prompt_text(
+    query: str, labels: Sequence[str], template: str = DEFAULT_COT_PROMPT
+) -> str:
+    """The text part of a CoT prompt for N = len(labels) images."""
+    labels = list(labels)
+    range_phrase, noun = label_phrases(labels)
+    return template.format(
+        n=len(labels), range=range_phrase, noun=noun, first=labels[0], last=labels[-1],
+        query=query,
+    )  # fmt: skip
+
+
+def _label_index(token: str, labels: Sequence[str]) -> int | None:
+    """The position whose label is ``token``: exact match first, then case-insensitive if
+    that is unambiguous (so "b" reads as "B" unless the scheme has both)."""
+    if token in labels:
+        return list(labels).index(token)
+    folded = [i for i, label in enumerate(labels) if label.lower() == token.lower()]
+    return folded[0] if len(folded) == 1 else None
+
+
+def parse_answer(text: str, labels: Sequence[str]) -> int | None:
+    """The 0-based position a generated answer names, or None when it cannot be read.
+
+    In order: the last "answer is X" / "answer: X" (also "answer is image 3", quotes or
+    brackets around X) whose X is a label; else a text that is a label and nothing else
+    (the model skipped the reasoning); else the one label a text names if it names exactly
+    one distinct label as a word. Anything else (no label, several candidates) is None, so
+    unparseable answers are counted, never guessed.
+    """
+    for match in reversed(list(_ANSWER_IS.finditer(text))):
+        index = _label_index(match.group(1), labels)
+        if index is not None:
+            return index
+    words = _WORD.findall(text)
+    if len(words) == 1:
+        return _label_index(words[0], labels)
+    named = {i for w in words if (i := _label_index(w, labels)) is not None and w in labels}
+    return named.pop() if len(named) == 1 else None
+
+
+def majority_vote(answers: Sequence[int | None], n: int) -> tuple[int | None, list[float]]:
+    """Self-consistency: the most frequent parsed answer and the vote shares (N,).
+
+    Unparseable samples (None) do not vote. Ties go to the tied answer that was sampled
+    first (the samples are random, so this favours no position). No parseable sample:
+    (None, uniform shares).
+    """
+    votes = [a for a in answers if a is not None]
+    if any(not 0 <= a < n for a in votes):
+        raise ValueError(f"answers must be positions in 0..{n - 1}")
+    if not votes:
+        return None, [1.0 / n] * n
+    counts = Counter(votes)
+    top = max(counts.values())
+    winner = next(a for a in votes if counts[a] == top)
+    return winner, [counts.get(j, 0) / len(votes) for j in range(n)]

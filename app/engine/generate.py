@@ -1,0 +1,100 @@
+"""Text generation on the runner's loaded model, for the cot and self_consistency baselines.
+
+The score methods never generate (DESIGN §2.1); these two baselines must (§2.5): the
+model writes its reasoning and a final "The answer is <label>", which
+``app.engine.answers.parse_answer`` reads. Same model, same adapter, same images-first
+prompt layout as the runner, through ``model.generate()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.answers import DEFAULT_COT_PROMPT, cot_prompt_text, parse_answer
+from app.engine.interface import RetrievalItem
+from app.engine.labels import LabelSpec, resolve_labels
+from app.engine.runner import Runner
+
+
+@dataclass
+class Generation:
+    """One instance's sampled answers: texts, parsed positions (None: unparseable), cost."""
+
+    texts: list[str]
+    answers: list[int | None]
+    forward_passes: int
+    latency_ms: float
+
+    @property
+    def unparseable(self) -> int:
+        return sum(a is None for a in self.answers)
+
+
+def generate_answers(
+    runner: Runner,
+    items: Sequence[RetrievalItem],
+    labels: LabelSpec = "digits",
+    *,
+    template: str = DEFAULT_COT_PROMPT,
+    samples: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> list[Generation]:
+    """``samples`` generations per item of one batch (greedy when temperature is 0).
+
+    ``forward_passes`` counts the model calls of each item's sequences (one per generated
+    token and sample; the first includes the prompt). Sampling is seeded by ``seed`` so a
+    run is reproducible on the same build and thread count.
+    """
+    if samples < 1 or (samples > 1 and temperature <= 0):
+        raise ValueError("several samples need a temperature > 0; greedy gives one answer")
+    adapter = runner.adapter
+    label_lists = [resolve_labels(labels, len(item.images)) for item in items]
+    prompts = [
+        adapter.render(len(item.images), cot_prompt_text(item.query, names, template))
+        for item, names in zip(items, label_lists, strict=True)
+    ]
+    start = time.perf_counter()
+    batch = adapter.process(prompts, [list(i.images) for i in items])
+    batch = batch.to(runner.device, runner.dtype)
+    kwargs = {k: v for k, v in adapter.prompt_kwargs(batch).items() if k != "position_ids"}
+    end = adapter.end_token_id()
+    pad = adapter.tokenizer.pad_token_id
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {
+        "do_sample": False
+    }
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = runner.model.generate(
+            **kwargs, max_new_tokens=max_new_tokens, num_return_sequences=samples,
+            eos_token_id=end, pad_token_id=end if pad is None else pad, **sampling,
+        )  # fmt: skip
+    new = out[:, batch.input_ids.shape[1] :]
+    elapsed = (time.perf_counter() - start) * 1e3
+    lengths = _lengths(new, end)
+    texts = adapter.tokenizer.batch_decode(new, skip_special_tokens=True)
+    results = []
+    for i, names in enumerate(label_lists):
+        rows = range(i * samples, (i + 1) * samples)
+        results.append(
+            Generation(
+                texts=[texts[r].strip() for r in rows],
+                answers=[parse_answer(texts[r], names) for r in rows],
+                forward_passes=int(sum(lengths[r] for r in rows)),
+                latency_ms=elapsed / len(items),
+            )
+        )
+    return results
+
+
+def _lengths(new_tokens: torch.Tensor, end: int) -> list[int]:
+    """Generated tokens per sequence up to and including the first end token."""
+    lengths = []
+    for row in new_tokens.tolist():
+        lengths.append(row.index(end) + 1 if end in row else len(row))
+    return lengths

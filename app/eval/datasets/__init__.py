@@ -1,0 +1,65 @@
+"""Dataset readers of ``lad eval``: one small module each, all producing ``EvalItem`` lists.
+
+    synthetic  the demo world (Random, Adversarial)              no files
+    jsonl      your data: {"query", "images": [paths], "answer"}  --data FILE
+    coco       COCO captions JSON + image folder                  --data CAPTIONS --images DIR
+               (+ --instances JSON for category sets)
+    flickr     Flickr8k/30k captions file + image folder          --data CAPTIONS --images DIR
+
+Adversarial negatives of coco/flickr need ``--clip PATH`` (a local CLIP directory).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
+
+DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr")
+DEFAULT_SETTINGS: dict[str, str] = {
+    "synthetic": "random", "jsonl": "given", "coco": "random", "flickr": "random",
+}  # fmt: skip
+
+
+def open_dataset(
+    name: str,
+    *,
+    data: Path | None = None,
+    images: Path | None = None,
+    instances: Path | None = None,
+    clip: Path | None = None,
+    cache_dir: Path = Path("var/cache"),
+    image_size: int | None = None,
+) -> Dataset:
+    """The reader of ``name`` over its files (ValueError naming what is missing)."""
+    if name == "synthetic":
+        from app.eval.datasets.synthetic import SyntheticDataset
+
+        return SyntheticDataset(image_size) if image_size else SyntheticDataset()
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; use one of {DATASETS}")
+    if data is None:
+        raise ValueError(f"dataset {name!r} needs --data (the annotation file)")
+    if name == "jsonl":
+        from app.eval.datasets.jsonl import JsonlDataset
+
+        return JsonlDataset(data)
+    if images is None:
+        raise ValueError(f"dataset {name!r} needs --images (the image folder)")
+    embed = None
+    if clip is not None:
+        from app.eval.datasets.clip import clip_embeddings
+
+        embed = partial(clip_embeddings, clip, cache_dir=cache_dir)
+    if name == "coco":
+        from app.eval.datasets.coco import coco_dataset
+
+        return coco_dataset(data, images, instances, embed)
+    from app.eval.datasets.flickr import flickr_dataset
+
+    return flickr_dataset(data, images, embed)
+
+
+__all__ = ["DATASETS", "DEFAULT_SETTINGS", "Dataset", "EvalItem", "check_disjoint",
+           "open_dataset", "open_image"]  # fmt: skip

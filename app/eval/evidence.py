@@ -1,0 +1,195 @@
+"""The model-facing half of the harness: batched forwards, calibration, and the records of
+every method for one (n, setting) run.
+
+Score methods share one forward per (item, ordering) and go through the engine's own
+``apply_method`` (the service's dispatch); perm_avg adds the N − 1 other cyclic rotations;
+``instruction`` is a forward with the instruction prompt on the same loaded model;
+``cot`` and ``self_consistency`` generate through ``app.engine.generate``. Calibration is
+the engine's ``calibration_instances`` + ``estimate_calibration``, as in the service.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.engine import debias
+from app.engine.answers import SELF_CONSISTENCY_SAMPLES, SELF_CONSISTENCY_TEMPERATURE
+from app.engine.calibrate import Calibration, calibration_instances, estimate_calibration
+from app.engine.interface import RetrievalItem
+from app.engine.methods import METHODS, MULTI_PASS, MethodConfig, apply_method, passes
+from app.eval.datasets import EvalItem, open_image
+from app.eval.protocol import apply_ordering, gt_positions
+from app.eval.records import make_record
+
+GENERATION_METHODS: tuple[str, ...] = ("cot", "self_consistency")
+PROMPT_METHODS: tuple[str, ...] = ("instruction",)
+EVAL_METHODS: tuple[str, ...] = (
+    "vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg", *PROMPT_METHODS,
+    *GENERATION_METHODS,
+)  # fmt: skip
+"""Every method ``lad eval`` runs: the engine's METHODS plus the prompt baselines."""
+assert set(METHODS) <= set(EVAL_METHODS)
+
+Tick = Callable[[int], None]
+Instance = tuple[str, Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one run needs besides the items: labels, batching, the method and baseline knobs."""
+
+    labels: str = "digits"
+    batch_size: int = 16
+    config: MethodConfig = field(default_factory=MethodConfig)
+    cot_prompt: str | None = None
+    cot_max_new_tokens: int = 64
+    samples: int = SELF_CONSISTENCY_SAMPLES
+    temperature: float = SELF_CONSISTENCY_TEMPERATURE
+    generation_seed: int = 0
+
+
+def forward(
+    runner: Any, instances: Sequence[Instance], options: Options, tick: Tick
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores (R, N), attention (R, |Λ|, N) and each instance's share of the wall time (R,) ms."""
+    scores, attention, ms = [], [], []
+    for start in range(0, len(instances), options.batch_size):
+        chunk = instances[start : start + options.batch_size]
+        began = time.perf_counter()
+        items = [RetrievalItem(q, [open_image(im) for im in images]) for q, images in chunk]
+        out = runner.forward(items, options.labels)
+        share = (time.perf_counter() - began) * 1e3 / len(chunk)
+        scores.extend(out.scores)
+        attention.extend(out.attention)
+        ms.extend([share] * len(chunk))
+        tick(len(chunk))
+    return np.stack(scores), np.stack(attention), np.asarray(ms)
+
+
+def calibrate(
+    runner: Any, items: Sequence[EvalItem], options: Options, tick: Tick
+) -> tuple[Calibration, dict[str, Any]]:
+    """DESIGN §2.3 on ``items``, and the evidence for calibration.json (to recompute B, P, κ̂)."""
+    instances, gt = calibration_instances([(i.query, i.images, i.answer) for i in items])
+    scores, attention, _ = forward(runner, instances, options, tick)
+    evidence = {
+        "items": [i.id for i in items], "scores": scores.tolist(),
+        "attention": attention.tolist(), "gt_positions": gt.tolist(),
+    }  # fmt: skip
+    return estimate_calibration(scores, attention, gt), evidence
+
+
+@dataclass
+class Run:
+    """One (n, setting): the items, their orderings and the records written so far."""
+
+    n: int
+    setting: str
+    dataset: str
+    items: Sequence[EvalItem]
+    orderings: np.ndarray  # (I, T, N)
+    records: list[dict[str, Any]]
+
+    @property
+    def gt(self) -> np.ndarray:
+        return gt_positions([i.answer for i in self.items], self.orderings)
+
+    def instances(self, shift: int = 0) -> list[Instance]:
+        """(query, images) of every (item, ordering), row-major, rotated by ``shift``."""
+        return [
+            (item.query, debias.rotate(apply_ordering(item.images, perm), shift))
+            for item, perms in zip(self.items, self.orderings, strict=True)
+            for perm in perms
+        ]
+
+    def add(self, method: str, probabilities: np.ndarray, passes_: int, ms: np.ndarray,
+            predicted: Sequence[int | None] | None = None,
+            generations: Sequence[dict[str, Any]] | None = None) -> None:  # fmt: skip
+        """Records of ``method`` for every (item, ordering), in ``instances()`` order."""
+        t = self.orderings.shape[1]
+        gt = self.gt.ravel()
+        for r, p in enumerate(probabilities):
+            i, o = divmod(r, t)
+            pred = int(np.argmax(p)) if predicted is None else predicted[r]
+            self.records.append(make_record(
+                item=self.items[i].id, n=self.n, setting=self.setting, dataset=self.dataset,
+                ordering=o, order=self.orderings[i, o], method=method, gt_position=gt[r],
+                probabilities=p, predicted_position=pred, forward_passes=passes_,
+                latency_ms=ms[r], generation=None if generations is None else generations[r],
+            ))  # fmt: skip
+
+
+def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequence[str],
+                  options: Options, tick: Tick) -> None:  # fmt: skip
+    """Every engine method of ``methods`` on the run's instances (one shared forward)."""
+    if not any(m in METHODS for m in methods):
+        return
+    scores, attention, ms = forward(runner, run.instances(), options, tick)
+    rotated = None
+    if "perm_avg" in methods:
+        rotated = [scores] + [
+            forward(runner, run.instances(shift), options, tick)[0] for shift in range(1, run.n)
+        ]
+    for method in (m for m in EVAL_METHODS if m in methods and m in METHODS):
+        began = time.perf_counter()
+        out = apply_method(
+            method, scores, attention, calibration, options.config,
+            rotated_scores=None if rotated is None else np.stack(rotated, axis=1),
+        )  # fmt: skip
+        method_ms = (time.perf_counter() - began) * 1e3 / len(scores)
+        cost = ms * passes(method, run.n) + method_ms if method in MULTI_PASS else ms + method_ms
+        run.add(method, out.probabilities, passes(method, run.n), cost)
+
+
+def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
+    """The instruction prompt (DESIGN §2.6) on the same model: vanilla's argmax s."""
+    from app.engine.runner import Runner
+
+    other = Runner(runner.adapter, model_id=runner.model_id, revision=runner.revision,
+                   layers=runner.layers, prompt_variant="instruction")  # fmt: skip
+    scores, _, ms = forward(other, run.instances(), options, tick)
+    run.add("instruction", debias.softmax(scores), 1, ms)
+
+
+def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick) -> None:
+    """cot (greedy, one path) or self_consistency (samples at T, majority vote)."""
+    from app.engine.answers import DEFAULT_COT_PROMPT, majority_vote
+    from app.engine.generate import generate_answers
+
+    many = method == "self_consistency"
+    instances = run.instances()
+    probabilities, predicted, generations, ms, cost = [], [], [], [], []
+    for start in range(0, len(instances), options.batch_size):
+        chunk = instances[start : start + options.batch_size]
+        items = [RetrievalItem(q, [open_image(im) for im in images]) for q, images in chunk]
+        outs = generate_answers(
+            runner, items, options.labels, template=options.cot_prompt or DEFAULT_COT_PROMPT,
+            samples=options.samples if many else 1,
+            temperature=options.temperature if many else 0.0,
+            max_new_tokens=options.cot_max_new_tokens, seed=options.generation_seed + start,
+        )  # fmt: skip
+        for g in outs:
+            winner, shares = majority_vote(g.answers, run.n)
+            probabilities.append(shares)
+            predicted.append(winner)
+            generations.append({"answers": g.answers, "text": g.texts[0]})
+            ms.append(g.latency_ms)
+            cost.append(g.forward_passes)
+        tick(len(chunk))
+    # forward passes differ per instance: record them one by one
+    first = len(run.records)
+    run.add(method, np.asarray(probabilities), 0, np.asarray(ms), predicted, generations)
+    for record, passes_ in zip(run.records[first:], cost, strict=True):
+        record["forward_passes"] = int(passes_)
+
+
+def planned_forwards(methods: Sequence[str], n: int, instances: int, calibration: int) -> int:
+    """Instances the progress bar counts for one run (forwards, or generations)."""
+    total = calibration * n + (instances if any(m in METHODS for m in methods) else 0)
+    total += instances * (n - 1) if "perm_avg" in methods else 0
+    return total + instances * sum(m in methods for m in (*PROMPT_METHODS, *GENERATION_METHODS))

@@ -1,0 +1,50 @@
+"""Generation for the cot / self_consistency baselines on a tiny random Qwen2.5-VL: the same
+adapter and images-first prompt, seeded sampling, one result per item, costs counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.demo import world
+from app.engine.generate import generate_answers
+from app.engine.interface import RetrievalItem
+from app.testing.tiny_models import tiny_runner
+
+
+@pytest.fixture(scope="module")
+def runner():
+    torch.set_num_threads(1)
+    return tiny_runner("qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def items() -> list[RetrievalItem]:
+    examples = world.make_items(2, 3, "random", seed="eval", image_size=56)
+    examples.append(world.make_item(5, 2, "random", seed="eval", image_size=56))  # N differs
+    return [RetrievalItem(ex.query, ex.images) for ex in examples]
+
+
+def test_greedy_is_deterministic_and_counts_tokens(runner, items) -> None:
+    first = generate_answers(runner, items, max_new_tokens=5)
+    again = generate_answers(runner, items, max_new_tokens=5)
+    assert [g.texts for g in first] == [g.texts for g in again]
+    for g in first:
+        assert len(g.texts) == len(g.answers) == 1
+        assert 1 <= g.forward_passes <= 5
+        assert g.unparseable == sum(a is None for a in g.answers)
+        assert all(a is None or 0 <= a < 3 for a in g.answers)
+
+
+def test_sampling_is_seeded(runner, items) -> None:
+    a = generate_answers(runner, items[:2], samples=4, temperature=0.7, max_new_tokens=4, seed=3)
+    b = generate_answers(runner, items[:2], samples=4, temperature=0.7, max_new_tokens=4, seed=3)
+    assert [g.texts for g in a] == [g.texts for g in b]
+    assert all(len(g.texts) == 4 and 4 <= g.forward_passes <= 16 for g in a)
+    c = generate_answers(runner, items[:2], samples=4, temperature=0.7, max_new_tokens=4, seed=4)
+    assert [g.texts for g in c] != [g.texts for g in a]  # a random byte-level model varies
+
+
+def test_several_samples_need_a_temperature(runner, items) -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        generate_answers(runner, items[:1], samples=3, temperature=0.0)

@@ -1,0 +1,60 @@
+"""The generation baselines' pure parts: the CoT prompt text, the answer parser, the vote."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.answers import DEFAULT_COT_PROMPT, cot_prompt_text, majority_vote, parse_answer
+
+DIGITS = ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is 3", 2),
+        ("Image 1 shows a star, image 2 a circle. The answer is 2.", 1),
+        ('the answer is "4"', 3),
+        ("Answer: (1)", 0),
+        ("answer is image 3", 2),
+        ("The answer is 2. On reflection, the answer is 4", 3),  # the last one counts
+        ("3", 2),  # no reasoning, just a label
+        (" 4 <|im_end|>", 3),
+        ("I would pick image 2 because it is red", 1),  # exactly one label named
+        ("image 1 or image 3", None),  # two candidates: not guessed
+        ("The answer is 7", None),  # not a label of N = 4
+        ("no idea", None),
+        ("", None),
+    ],
+)
+def test_parse_answer(text: str, expected: int | None) -> None:
+    assert parse_answer(text, DIGITS) == expected
+
+
+def test_parse_answer_other_schemes() -> None:
+    upper = ["A", "B", "C", "D"]
+    assert parse_answer("The answer is C", upper) == 2
+    assert parse_answer("the answer is c", upper) == 2  # case-insensitive when unambiguous
+    words = ["one", "two", "three"]
+    assert parse_answer("So the answer is two.", words) == 1
+    roman = ["I", "II", "III", "IV"]
+    assert parse_answer("The answer is IV", roman) == 3
+    assert parse_answer("The answer is II", roman) == 1
+
+
+def test_majority_vote() -> None:
+    assert majority_vote([2, 2, 1, None], 4) == (2, [0.0, 1 / 3, 2 / 3, 0.0])
+    winner, shares = majority_vote([3, 1, 1, 3], 4)  # tie: the first sampled of the tied
+    assert winner == 3 and shares == [0.0, 0.5, 0.0, 0.5]
+    assert majority_vote([None, None], 3) == (None, [1 / 3] * 3)
+    with pytest.raises(ValueError):
+        majority_vote([5], 4)
+
+
+def test_cot_prompt_text() -> None:
+    text = cot_prompt_text("a red star", DIGITS)
+    assert text.startswith("Given 4 images indexed from 1 to 4, identify the image")
+    assert 'The answer is 4"' in text and text.endswith("Caption: a red star\nAnswer: ")
+    custom = cot_prompt_text("q", ["A", "B"], "{n} {range} {first}-{last}: {query}")
+    assert custom == "2 labeled from A to B A-B: q"
+    assert "{query}" in DEFAULT_COT_PROMPT
