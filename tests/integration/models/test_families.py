@@ -10,7 +10,6 @@ forcing; and the attention captured inside SDPA equals eager attention
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -62,11 +61,8 @@ def image_token_ids(runner: Runner) -> set[int]:
     return ids
 
 
-def test_tiny_build_is_small_fast_and_registered(family: str) -> None:
-    build_tiny(family)  # first call pays the lazy imports
-    start = time.perf_counter()
+def test_tiny_build_is_small_and_registered(family: str) -> None:
     model, processor = build_tiny(family, seed=1)
-    assert time.perf_counter() - start < 2.0
     text = model.config.text_config
     assert (text.hidden_size, text.num_hidden_layers) == (64, 4)
     assert (text.num_attention_heads, text.num_key_value_heads) == (4, 2)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -145,11 +143,3 @@ def test_unknown_split_and_setting_are_errors() -> None:
         world.make_item(0, 4, "random", seed="validation")
     with pytest.raises(ValueError):
         world.make_item(0, 4, "nearest")
-
-
-def test_thousand_images_are_fast() -> None:
-    rng = np.random.default_rng(0)
-    start = time.perf_counter()
-    for _ in range(1000):
-        world.render(world.sample_object(rng), 56)
-    assert time.perf_counter() - start < 3.0
