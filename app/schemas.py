@@ -169,8 +169,30 @@ class CalibrateRequest(_Strict):
     )
     profile: str = Field("default", pattern=NAME_PATTERN, description="profile name to calibrate")
     labels: Labels = Field("digits", description=LABELS_DESCRIPTION)
+    n: list[Annotated[int, Field(ge=2, le=MAX_N)]] | Literal["all"] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_N,
+        description="calibrate several N from the same "
+        'examples: a list of N, or "all" (2 up to the smallest example\'s candidate count); '
+        "each example then carries at least max(n) candidates, and each N is built from the "
+        "GT plus N - 1 of its negatives (seeded by `seed`). One profile version per N, all "
+        "stored or none. Unset: one profile for the examples' common N",
+    )
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the negatives kept per N")
 
     model_config = ConfigDict(json_schema_extra={"examples": [CALIBRATE_EXAMPLE]})
+
+
+class CalibratedN(BaseModel):
+    """One N of a multi-N calibration."""
+
+    n: int = Field(description="number of images N")
+    version: int = Field(description="the new version of the profile for this N, now current")
+    forward_passes: int = Field(description="M x N rotated instances run for this N")
+    bias_matrix: list[list[float]] = Field(description="B[t, j]: rows = GT position t")
+    attention_prior: list[list[float]] = Field(description="P[l, k], rows in the order of layers")
+    sink_layers: list[int] = Field(default_factory=list, description="see the top level")
 
 
 class CalibrateResponse(BaseModel):
@@ -196,6 +218,11 @@ class CalibrateResponse(BaseModel):
     )
     created_at: datetime | None = Field(description="when the store saved this version (UTC)")
     duration_s: float = Field(description="seconds the calibration took")
+    per_n: list[CalibratedN] | None = Field(
+        None,
+        description="with `n` in the request: every N calibrated, ascending (the top "
+        "level then describes the largest N, and forward_passes is the total)",
+    )
 
 
 # ---------------------------------------------------------------------------- profiles

@@ -6,6 +6,8 @@ Semantics shared by all backends:
   (the current one is never trimmed).
 - `get` answers from the replica's in-memory copy, so a request never waits on
   the backend; only admin operations (`versions`, `get_version`) may hit it.
+- `put_many` does what `put` does for several keys at once, all or none: after a failure
+  (or a crash and restart) either every profile has its new version current or none has.
 - `rollback` moves the current pointer to the newest kept version older than the
   current one (or to an explicit kept version); versions are not deleted by it.
 - `delete` removes every version of a key; a later `put` continues after the highest
@@ -15,6 +17,7 @@ Semantics shared by all backends:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from calibration_store.profile import Profile, ProfileKey
@@ -46,6 +49,7 @@ class ProfileStore(Protocol):
 
     def get(self, key: ProfileKey) -> Profile | None: ...
     def put(self, profile: Profile) -> Profile: ...
+    def put_many(self, profiles: Sequence[Profile]) -> list[Profile]: ...
     def versions(self, key: ProfileKey) -> list[int]: ...
     def get_version(self, key: ProfileKey, version: int) -> Profile | None: ...
     def list_keys(self, model_id: str | None = None) -> list[ProfileKey]: ...
@@ -65,3 +69,11 @@ def check_keep_versions(keep_versions: int) -> int:
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
     return keep_versions
+
+
+def check_distinct(profiles: Sequence[Profile]) -> list[ProfileKey]:
+    """The keys of a `put_many`: at least one profile, one per key."""
+    keys = [p.key for p in profiles]
+    if not keys or len(set(keys)) != len(keys):
+        raise ValueError("put_many takes one or more profiles with distinct keys")
+    return keys

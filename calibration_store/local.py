@@ -19,7 +19,8 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from calibration_store.base import (
     NoPreviousVersion,
     ProfileNotFound,
     StoreUnavailable,
+    check_distinct,
     check_keep_versions,
     sorted_keys,
 )
@@ -83,6 +85,11 @@ class MemoryProfileStore:
     def _write(self, key: ProfileKey, entry: _Entry) -> None:
         """Persist an entry (a tombstone too) before it becomes visible in memory."""
 
+    def _write_many(self, changes: dict[ProfileKey, _Entry]) -> None:
+        """Persist several entries all or none (the file store keeps an undo journal)."""
+        for key, entry in changes.items():
+            self._write(key, entry)
+
     # ------------------------------------------------------------- reads
     def get(self, key: ProfileKey) -> Profile | None:
         with self._lock:
@@ -105,17 +112,25 @@ class MemoryProfileStore:
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
-        key = profile.key
+        return self.put_many([profile])[0]
+
+    def put_many(self, profiles: Sequence[Profile]) -> list[Profile]:
+        """A new version of every profile (distinct keys), made current all or none."""
+        keys = check_distinct(profiles)
+        stored: list[Profile] = []
         with self._exclusive():
-            old = self._fresh(key)
-            version = (old.last_version if old else 0) + 1
-            stored = profile.stored_as(version)
-            versions = {**(old.versions if old else {}), version: stored}
-            kept = sorted(versions)[-self.keep_versions :]
-            entry = _Entry(
-                current=version, last_version=version, versions={v: versions[v] for v in kept}
-            )
-            self._commit(key, entry)
+            changes: dict[ProfileKey, _Entry] = {}
+            for key, profile in zip(keys, profiles, strict=True):
+                old = self._fresh(key)
+                version = (old.last_version if old else 0) + 1
+                stored.append(profile.stored_as(version))
+                versions = {**(old.versions if old else {}), version: stored[-1]}
+                kept = sorted(versions)[-self.keep_versions :]
+                changes[key] = _Entry(
+                    current=version, last_version=version, versions={v: versions[v] for v in kept}
+                )
+            self._write_many(changes)
+            self._entries.update(changes)
         return stored
 
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
@@ -192,6 +207,37 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+_UNDO_SUFFIX = ".undo"
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _restore(path: Path, doc: str | None) -> None:
+    """The old document (None: none) back in place, with the version high-water mark of
+    the one it replaces, so that an undone version number is never handed out again."""
+    try:
+        now: tuple[ProfileKey, _Entry] | None = _decode_entry(path.read_bytes())
+    except FileNotFoundError:
+        now = None
+    except (ValueError, KeyError, TypeError):  # half-written by nobody (atomic), but be safe
+        now = None
+    if doc is None:
+        if now is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write(path, _encode_entry(now[0], _Entry(0, now[1].last_version)))
+        return
+    key, entry = _decode_entry(doc.encode())
+    if now is not None and now[1].last_version > entry.last_version:
+        entry = replace(entry, last_version=now[1].last_version)
+    atomic_write(path, _encode_entry(key, entry))
+
+
 def _decode_entry(data: bytes) -> tuple[ProfileKey, _Entry]:
     doc = json.loads(data)
     if doc.get("store_format") != STORE_FORMAT:
@@ -245,9 +291,12 @@ class FileProfileStore(MemoryProfileStore):
                 fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
 
     def _load_all(self) -> None:
-        """Read every document; leftovers of crashed writes are removed, bad files reported."""
+        """Read every document; leftovers of crashed writes are removed, a multi-key write
+        that did not finish is undone, bad files reported."""
         for tmp in self.root.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        for journal in sorted(self.root.glob(f"*{_UNDO_SUFFIX}")):
+            self._undo(journal)
         for path in sorted(self.root.glob("*.json")):
             try:
                 key, entry = _decode_entry(path.read_bytes())
@@ -274,6 +323,48 @@ class FileProfileStore(MemoryProfileStore):
             atomic_write(path, _encode_entry(key, entry))
         except OSError as exc:
             raise StoreUnavailable(f"cannot write {path}: {exc}") from exc
+
+    def _write_many(self, changes: dict[ProfileKey, _Entry]) -> None:
+        """All or none across several documents: the old bytes of every document go to an
+        undo journal first (fsync'ed); then each document is replaced; then the journal is
+        removed. A failure on the way restores the old documents at once, a crash on the
+        way restores them at the next open, so a reader after recovery sees all of the
+        new versions or none of them."""
+        if len(changes) <= 1:
+            super()._write_many(changes)
+            return
+        names = [_file_name(key) for key in changes]
+        try:
+            old = {name: _read_or_none(self.root / name) for name in names}
+            journal = self.root / f"batch-{uuid.uuid4().hex}{_UNDO_SUFFIX}"
+            atomic_write(journal, json.dumps(old, separators=(",", ":")).encode())
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot write the undo journal in {self.root}: {exc}") from exc
+        try:
+            super()._write_many(changes)
+        except BaseException:
+            self._undo(journal)
+            raise
+        try:
+            journal.unlink()
+        except OSError as exc:  # all written; the journal would undo it at the next open
+            self._undo(journal)
+            raise StoreUnavailable(f"cannot remove the undo journal {journal}: {exc}") from exc
+
+    def _undo(self, journal: Path) -> None:
+        """Put back the documents an undo journal names (keeping the high-water marks the
+        undone write reached); a journal that cannot be applied stays for the next open
+        (and is reported)."""
+        try:
+            old: dict[str, str | None] = json.loads(journal.read_bytes())
+            for name, doc in old.items():
+                _restore(self.root / Path(name).name, doc)
+            journal.unlink()
+            _fsync_dir(self.root)
+        except (OSError, ValueError, AttributeError) as exc:
+            msg = f"{journal.name}: cannot undo an unfinished multi-profile write: {exc}"
+            log.error("%s", msg)
+            self._errors.append(msg)
 
     def health(self) -> dict[str, Any]:
         with self._lock:

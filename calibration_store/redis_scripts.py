@@ -1,9 +1,12 @@
 """The Redis store's Lua scripts: each change (put, rollback, delete) and the snapshot read is
 one atomic script. Key layout and semantics: ``calibration_store.redis_store``.
 
-COMMIT   KEYS seq, keys, current, versions, profile:v{version}, counter;
-         ARGV encoded key, version, JSON, keep, profile key prefix, channel, origin.
-         Commits only when version == counter + 1 (else returns {-1, counter, 0}).
+COMMIT   KEYS seq, keys, then per profile: current, versions, profile:v{version}, counter;
+         ARGV count, keep, channel, origin, then per profile: encoded key, version, JSON,
+         profile key prefix. Every check comes before the first write, so a put of several
+         profiles commits all or none: only when version == counter + 1 for every profile
+         (else returns {-1, i, counter} for the first that moved); then one rev for all,
+         returned as {rev, v1, cur1, v2, cur2, ...}.
 ROLLBACK KEYS seq, current, versions; ARGV encoded key, target (0 = previous), channel, origin.
 DELETE   KEYS seq, keys, current, versions; ARGV encoded key, profile key prefix, channel,
          origin. The counter (the high-water mark) is kept.
@@ -12,32 +15,42 @@ DELETE   KEYS seq, keys, current, versions; ARGV encoded key, profile key prefix
 from __future__ import annotations
 
 COMMIT = """
-local v = tonumber(ARGV[2])
-local last = tonumber(redis.call('GET', KEYS[6]) or '0')
-if last + 1 ~= v then return {-1, last, 0} end
-redis.call('SET', KEYS[6], v)
-redis.call('SET', KEYS[5], ARGV[3])
-local newest = redis.call('ZREVRANGE', KEYS[4], 0, 0)
-redis.call('ZADD', KEYS[4], v, v)
-redis.call('SADD', KEYS[2], ARGV[1])
-local rev = redis.call('INCR', KEYS[1])
-local cur = tonumber(redis.call('HGET', KEYS[3], 'version') or '0')
-if cur == 0 or newest[1] == nil or tonumber(newest[1]) < v then
-  cur = v
+local count = tonumber(ARGV[1])
+for i = 0, count - 1 do
+  local last = tonumber(redis.call('GET', KEYS[3 + 4 * i + 3]) or '0')
+  if last + 1 ~= tonumber(ARGV[5 + 4 * i + 1]) then return {-1, i, last} end
 end
-redis.call('HSET', KEYS[3], 'version', cur, 'rev', rev)
-local keep = tonumber(ARGV[4])
-local n = redis.call('ZCARD', KEYS[4])
-if n > keep then
-  for _, old in ipairs(redis.call('ZRANGE', KEYS[4], 0, n - keep - 1)) do
-    if tonumber(old) ~= cur then
-      redis.call('ZREM', KEYS[4], old)
-      redis.call('DEL', ARGV[5] .. old)
+local rev = redis.call('INCR', KEYS[1])
+local out = {rev}
+local keep = tonumber(ARGV[2])
+for i = 0, count - 1 do
+  local current, versions = KEYS[3 + 4 * i], KEYS[4 + 4 * i]
+  local doc, counter = KEYS[5 + 4 * i], KEYS[6 + 4 * i]
+  local enc, v = ARGV[5 + 4 * i], tonumber(ARGV[6 + 4 * i])
+  local json, prefix = ARGV[7 + 4 * i], ARGV[8 + 4 * i]
+  redis.call('SET', counter, v)
+  redis.call('SET', doc, json)
+  local newest = redis.call('ZREVRANGE', versions, 0, 0)
+  redis.call('ZADD', versions, v, v)
+  redis.call('SADD', KEYS[2], enc)
+  local cur = tonumber(redis.call('HGET', current, 'version') or '0')
+  if cur == 0 or newest[1] == nil or tonumber(newest[1]) < v then
+    cur = v
+  end
+  redis.call('HSET', current, 'version', cur, 'rev', rev)
+  local n = redis.call('ZCARD', versions)
+  if n > keep then
+    for _, old in ipairs(redis.call('ZRANGE', versions, 0, n - keep - 1)) do
+      if tonumber(old) ~= cur then
+        redis.call('ZREM', versions, old)
+        redis.call('DEL', prefix .. old)
+      end
     end
   end
+  redis.call('PUBLISH', ARGV[3], cjson.encode({op='put', key=enc, rev=rev, origin=ARGV[4]}))
+  table.insert(out, v); table.insert(out, cur)
 end
-redis.call('PUBLISH', ARGV[6], cjson.encode({op='put', key=ARGV[1], rev=rev, origin=ARGV[7]}))
-return {v, rev, cur}
+return out
 """
 
 ROLLBACK = """

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
@@ -49,6 +49,7 @@ from calibration_store.base import (
     NoPreviousVersion,
     ProfileNotFound,
     StoreUnavailable,
+    check_distinct,
     check_keep_versions,
     sorted_keys,
 )
@@ -58,6 +59,7 @@ from calibration_store.redis_scripts import COMMIT, DELETE, ROLLBACK, SNAPSHOT
 log = logging.getLogger(__name__)
 
 _PUT_ATTEMPTS = 20
+
 
 def encode_key(key: ProfileKey) -> str:
     """model:name:labels:n with every segment quoted, so ':' inside a segment stays unambiguous."""
@@ -202,26 +204,42 @@ class RedisProfileStore:
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
-        """Store a new version: counter + 1, allocated and committed in one script."""
-        enc = encode_key(profile.key)
-        counter = self._k("counter", enc)
+        return self.put_many([profile])[0]
+
+    def put_many(self, profiles: Sequence[Profile]) -> list[Profile]:
+        """A new version of every profile: each counter + 1, allocated and committed in one
+        script, all or none (the script checks every counter before its first write)."""
+        keys = check_distinct(profiles)
+        encs = [encode_key(k) for k in keys]
+        counters = [self._k("counter", enc) for enc in encs]
         for _ in range(_PUT_ATTEMPTS):
-            last = int(self._call("put", lambda: self._client.get(counter)) or 0)
-            version = last + 1
-            stored = profile.stored_as(version)
-            keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
-                    self._k("versions", enc), self._k("profile", f"{enc}:v{version}"), counter]
-            args = [enc, version, stored.to_json(), self.keep_versions,
-                    self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
-            v, rev, current = self._call("put", partial(self._commit, keys=keys, args=args))
-            if int(v) == -1:  # another put took this version first: read the counter again
+            lasts = self._call("put", partial(self._client.mget, counters))
+            stored = [
+                p.stored_as(int(last or 0) + 1) for p, last in zip(profiles, lasts, strict=True)
+            ]
+            script_keys = [f"{self.prefix}:seq", f"{self.prefix}:keys"]
+            args: list[Any] = [len(stored), self.keep_versions, self.channel, self.instance_id]
+            for enc, counter, s in zip(encs, counters, stored, strict=True):
+                script_keys += [
+                    self._k("current", enc),
+                    self._k("versions", enc),
+                    self._k("profile", f"{enc}:v{s.version}"),
+                    counter,
+                ]
+                args += [enc, s.version, s.to_json(), self._k("profile", f"{enc}:v")]
+            out = self._call("put", partial(self._commit, keys=script_keys, args=args))
+            if int(out[0]) == -1:  # another put took a version first: read the counters again
                 continue
-            if int(current) == version:
-                self._apply(profile.key, int(rev), stored)
-            else:  # a concurrent, newer put won the pointer; serve whatever is current now
-                self._call("put", lambda: self._load([enc]))
+            rev, stale = int(out[0]), []
+            for i, (key, s) in enumerate(zip(keys, stored, strict=True)):
+                if int(out[2 + 2 * i]) == s.version:
+                    self._apply(key, rev, s)
+                else:  # a concurrent, newer put won the pointer; serve whatever is current
+                    stale.append(encs[i])
+            if stale:
+                self._call("put", partial(self._load, stale))
             return stored
-        raise StoreUnavailable(f"{profile.key}: {_PUT_ATTEMPTS} concurrent puts kept winning")
+        raise StoreUnavailable(f"{keys[0]}: {_PUT_ATTEMPTS} concurrent puts kept winning")
 
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile:
         enc = encode_key(key)

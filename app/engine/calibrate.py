@@ -59,6 +59,31 @@ def calibration_instances(
     return instances, np.asarray(gt, dtype=np.int64)
 
 
+def example_of_size(example: Example[T], n: int, seed: int, index: int = 0) -> Example[T]:
+    """The N-candidate version of an example with C >= N candidates (design §2.9): the GT
+    plus N − 1 of its negatives, drawn without replacement by a generator seeded with
+    (seed, N, index), kept in their original relative order; unchanged when N == C."""
+    query, images, answer = example
+    c = len(images)
+    if not 2 <= n <= c or not 0 <= answer < c:
+        raise ValueError(f"need 2 <= N <= C and 0 <= answer < C; got N={n}, C={c}, answer={answer}")
+    negatives = [i for i in range(c) if i != answer]
+    rng = np.random.default_rng([seed, n, index])
+    kept = sorted([answer, *(int(i) for i in rng.choice(negatives, n - 1, replace=False))])
+    return query, [images[i] for i in kept], kept.index(answer)
+
+
+def multi_n_instances(
+    examples: Sequence[Example[T]], sizes: Sequence[int], seed: int = 0
+) -> dict[int, tuple[list[tuple[str, list[T]]], np.ndarray]]:
+    """For every requested N: the rotated instances (and GT positions) of the examples cut
+    to N candidates by :func:`example_of_size`; M·N instances per N, M·ΣN in all."""
+    return {
+        n: calibration_instances([example_of_size(ex, n, seed, m) for m, ex in enumerate(examples)])
+        for n in sizes
+    }
+
+
 def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Calibration:
     """B and κ̂ from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N)."""
     return Calibration(

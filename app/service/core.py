@@ -19,11 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from app import errors, logs
 from app.decode import Decoder, ImageInput
 from app.engine import debias
-from app.engine.calibrate import (
-    calibration_instances,
-    estimate_calibration,
-    raw_position_share,
-)
+from app.engine.calibrate import calibration_instances, estimate_calibration
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec, scheme_name
 from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
@@ -36,6 +32,7 @@ from app.schemas import (
     RetrieveDetails,
     RetrieveResponse,
 )
+from app.service.calibration import build_profile, calibrate_sizes, calibrated_response
 from app.service.profiles import ProfileService, calibration_of
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
@@ -279,6 +276,8 @@ class Service:
         return n
 
     async def _calibrate(self, request: CalibrateRequest, t0: float) -> CalibrateResponse:
+        if request.n is not None:  # several N from the same examples (design §2.9)
+            return await calibrate_sizes(self, request, t0)
         spec = label_spec(request.labels)
         logs.note(profile=request.profile)
         n = self._check_examples(request, spec)
@@ -297,25 +296,10 @@ class Service:
         works = [Work(RetrievalItem(query, images), spec) for query, images in instances]
         results = await self.worker.run(works, bulk=True)
         scores = np.stack([r.scores for r in results])
-        calibration = estimate_calibration(
-            scores, np.stack([r.attention for r in results]), gt
+        calibration = estimate_calibration(scores, np.stack([r.attention for r in results]), gt)
+        profile = build_profile(
+            self, request.profile, fingerprint, calibration, scores, len(request.examples)
         )
-        hyper = {**self.settings.method_hyperparameters(), "num_examples": len(request.examples)}
-        profile = Profile.create(
-            name=request.profile, fingerprint=fingerprint, layers=list(self.runner.layers),
-            bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
-            num_examples=len(request.examples), num_forward_passes=len(works),
-            hyperparameters=hyper, calibration_position_share=raw_position_share(scores),
-            sink_layers=[self.runner.layers[i] for i in calibration.sink_layers],
-        )  # fmt: skip
         stored = await self.profiles.put(profile)
         logs.note(version=stored.version)
-        return CalibrateResponse(
-            profile=stored.name, version=stored.version, model=self.model_id,
-            labels=stored.label_scheme, n=n, num_examples=len(request.examples),
-            forward_passes=len(works), bias_matrix=stored.bias_matrix,
-            attention_prior=stored.attention_prior, layers=stored.layers,
-            sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters,
-            created_at=stored.created_at,
-            duration_s=round(time.perf_counter() - t0, 4),
-        )  # fmt: skip
+        return calibrated_response(self, stored, len(works), t0)

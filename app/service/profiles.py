@@ -108,6 +108,10 @@ class ProfileService:
     async def put(self, profile: Profile) -> Profile:
         return await self.call("put", self.store.put, profile)
 
+    async def put_many(self, profiles: list[Profile]) -> list[Profile]:
+        """Several profiles' new versions, current all or none (design §2.9)."""
+        return await self.call("put", self.store.put_many, profiles)
+
     def _current_profiles(self) -> dict[ProfileKey, Profile]:
         found = {}
         for key in self.store.list_keys(self.model_id):
