@@ -127,6 +127,10 @@ class RetrieveDetails(BaseModel):
 
 class RetrieveResponse(BaseModel):
     index: int = Field(description="0-based index into `images` of the chosen image")
+    ranking: list[int] = Field(
+        default_factory=list, description="every image's 0-based index, by final (debiased) "
+        "probability, best first (ranking[0] == index; ties keep image order)",
+    )
     label: str = Field(description="the label of the chosen image")
     probabilities: list[float] = Field(description="final (debiased) distribution, sums to 1")
     raw_probabilities: list[float] = Field(description="the model's own distribution")

@@ -90,6 +90,13 @@ def softmax(x: Any, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def ranking(probabilities: Any) -> list[int]:
+    """Candidate indices by probability, best first; ties keep candidate order (stable), so
+    ranking[0] is the argmax."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    return [int(i) for i in np.argsort(-p, kind="stable")]
+
+
 # --------------------------------------------------------------------------- §2.3 rotations
 
 

@@ -201,7 +201,8 @@ class Service:
                 batch_size=results[0].batch_size,
             )  # fmt: skip
         response = RetrieveResponse(
-            index=index, label=label_strings[index], probabilities=out.probabilities.tolist(),
+            index=index, ranking=debias.ranking(out.probabilities),
+            label=label_strings[index], probabilities=out.probabilities.tolist(),
             raw_probabilities=debias.softmax(s).tolist(),
             posterior=None if out.posterior is None else out.posterior.tolist(),
             method=method, debiased=debiased,

@@ -76,6 +76,9 @@ def test_every_method(client, items, calibrate_json, method):
     assert body["method"] == method
     _check_distribution(body["probabilities"], 3)
     assert body["index"] == int(np.argmax(body["probabilities"]))
+    assert sorted(body["ranking"]) == [0, 1, 2] and body["ranking"][0] == body["index"]
+    ranked = [body["probabilities"][i] for i in body["ranking"]]
+    assert ranked == sorted(ranked, reverse=True)
     assert body["debiased"] is (method != "vanilla")
     assert (body["profile"] is not None) is (method in ("pride", "attn_pure"))
     if method == "vanilla":

@@ -396,3 +396,8 @@ _PI = np.full(4, 0.25)
 def test_bad_input_raises_a_clear_value_error(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_ranking_is_by_probability_with_stable_ties() -> None:
+    assert D.ranking([0.1, 0.5, 0.1, 0.3]) == [1, 3, 0, 2]
+    assert D.ranking(np.full(3, 1 / 3)) == [0, 1, 2]
