@@ -1,0 +1,146 @@
+"""The windowed knockout tournament that reranks more candidates than one prompt holds
+(design §2.10): pure bookkeeping, no model.
+
+Each round the surviving candidates are shuffled (a generator seeded per request) and dealt
+into k = ceil(R / W) windows of near-equal size (sizes differ by at most one), so no
+candidate is systematically shown at a favoured position. The caller scores every window
+of a round (all of them in one batch of forward passes) and hands back each window's
+probabilities, in the window's position order. The best ``advance = min(top_n, size − 1)``
+of each window go on (the winner, and runners-up for top_n > 1); a round whose survivors
+fit in one window is the final. The ranking orders candidates by the round they reached,
+then by their probability in the last window they played, then by index.
+
+The window sizes of every round depend only on (C, W, top_n), never on the answers, so
+:func:`window_sizes` tells the caller up front which N it needs a profile for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def split_sizes(remaining: int, window: int) -> list[int]:
+    """Near-equal window sizes for ``remaining`` candidates, each at most ``window``."""
+    k = -(-remaining // window)
+    base, extra = divmod(remaining, k)
+    return [base + 1] * extra + [base] * (k - extra)
+
+
+def _advance(size: int, top_n: int) -> int:
+    return min(top_n, size - 1)
+
+
+def window_sizes(candidates: int, window: int, top_n: int) -> list[list[int]]:
+    """The window sizes of every round, final included (independent of the answers)."""
+    _check(candidates, window, top_n)
+    rounds, remaining = [], candidates
+    while True:
+        sizes = split_sizes(remaining, window)
+        rounds.append(sizes)
+        if len(sizes) == 1:
+            return rounds
+        remaining = sum(_advance(s, top_n) for s in sizes)
+
+
+def _check(candidates: int, window: int, top_n: int) -> None:
+    if candidates < 1 or window < 2 or not 1 <= top_n <= candidates:
+        raise ValueError(
+            f"need candidates >= 1, window >= 2 and 1 <= top_n <= candidates; got "
+            f"candidates={candidates}, window={window}, top_n={top_n}"
+        )
+
+
+@dataclass
+class Tournament:
+    """One request's tournament: ``next_round`` → score its windows → ``record``, until
+    ``next_round`` returns None; then ``ranking`` and ``scores``."""
+
+    candidates: int
+    window: int
+    top_n: int = 1
+    seed: int = 0
+    rounds_played: int = 0
+    windows_played: int = 0
+    _alive: list[int] = field(default_factory=list)
+    _pending: list[list[int]] | None = None
+    _reached: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _done: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.candidates, self.window, self.top_n)
+        self._rng = np.random.default_rng(self.seed)
+        self._alive = list(range(self.candidates))
+        self._reached = np.zeros(self.candidates, dtype=np.int64)
+        self._score = np.zeros(self.candidates, dtype=np.float64)
+        if self.candidates == 1:
+            self._score[0], self._done = 1.0, True
+
+    def next_round(self) -> list[list[int]] | None:
+        """The windows of the next round (candidate indices in position order), or None."""
+        if self._done:
+            return None
+        if self._pending is None:
+            order = [self._alive[i] for i in self._rng.permutation(len(self._alive))]
+            windows, start = [], 0
+            for size in split_sizes(len(order), self.window):
+                windows.append(order[start : start + size])
+                start += size
+            self._pending = windows
+        return [list(w) for w in self._pending]
+
+    def record(self, probabilities: Sequence[Sequence[float]]) -> None:
+        """Each window's probabilities (position order) for the round ``next_round`` gave."""
+        windows = self._pending
+        if windows is None:
+            raise ValueError("record() without a pending round: call next_round() first")
+        if len(probabilities) != len(windows) or any(
+            len(p) != len(w) for p, w in zip(probabilities, windows, strict=True)
+        ):
+            raise ValueError("one probability per candidate of every window, in order")
+        self.rounds_played += 1
+        self.windows_played += len(windows)
+        final = len(windows) == 1
+        survivors: list[int] = []
+        for w, p in zip(windows, probabilities, strict=True):
+            p = np.asarray(p, dtype=np.float64)
+            idx = np.asarray(w)
+            self._reached[idx] = self.rounds_played
+            self._score[idx] = p
+            if not final:
+                best = np.argsort(-p, kind="stable")[: _advance(len(w), self.top_n)]
+                survivors += [w[i] for i in best]
+        self._pending = None
+        self._alive = sorted(survivors)
+        self._done = final
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def ranking(self) -> list[int]:
+        """Every candidate, best first: round reached, then last probability, then index."""
+        if not self._done:
+            raise ValueError("the tournament is not finished")
+        keys = np.lexsort((np.arange(self.candidates), -self._score, -self._reached))
+        return [int(i) for i in keys]
+
+    def scores(self) -> np.ndarray:
+        """Each candidate's probability in the last window it played."""
+        return self._score.copy()
+
+
+Judge = Callable[[list[list[int]]], Sequence[Sequence[float]]]
+"""Scores one round: its windows (candidate indices in position order) -> probabilities."""
+
+
+def run(candidates: int, window: int, judge: Judge, top_n: int = 1, seed: int = 0) -> Tournament:
+    """Drive a tournament with a synchronous ``judge(windows) -> probabilities per window``
+    (the evaluation's way; the service drives :class:`Tournament` itself, asynchronously)."""
+    t = Tournament(candidates, window, top_n, seed)
+    while (windows := t.next_round()) is not None:
+        t.record(judge(windows))
+    return t
