@@ -73,6 +73,10 @@ class Settings(BaseSettings):
 
     # --- input limits (README "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
+    max_rerank_candidates: int = Field(
+        64, ge=2, le=MAX_N, description="most documents per /v1/rerank request (above the "
+        "largest window they go through the windowed tournament)",
+    )
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1, description="encoded size per image")
     max_image_pixels: int = Field(
         16_777_216, ge=1, description="width x height per image, read from its header "
@@ -99,8 +103,8 @@ class Settings(BaseSettings):
         256, ge=1, description="tokens of all N labels together, as the model tokenises them"
     )
     max_body_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="request body of /v1/retrieve, counted as it "
-        "arrives (chunked too)"
+        64 * 1024 * 1024, ge=1024, description="request body of /v1/retrieve and /v1/rerank, "
+        "counted as it arrives (chunked too)"
     )
     max_calibrate_body_bytes: int = Field(
         128 * 1024 * 1024, ge=1024, description="request body of /v1/calibrate"

@@ -10,6 +10,7 @@ larger ones are refused at the byte that crosses the limit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,3 +171,48 @@ async def read_form(request: Request, limits: FormLimits) -> Form:
     except FormParserError:
         raise errors.BadRequest("the multipart body is malformed") from None
     return reader.form
+
+
+def split_form(
+    form: Form, files_field: str, option_fields: Sequence[str]
+) -> tuple[dict[str, Any], str, list[str | bytes]]:
+    """A query form's option fields (raw text), its ``query`` and its files (file parts
+    first, then base64 text parts); unknown, repeated or missing fields are 422."""
+    unknown = sorted(form.names() - {"query", files_field, *option_fields})
+    if unknown:
+        raise errors.InvalidRequest(f"unknown form field(s): {', '.join(unknown)}")
+    repeated = sorted(k for k, v in form.fields.items() if len(v) > 1 and k != files_field)
+    if repeated:
+        raise errors.InvalidRequest(f"form field(s) sent more than once: {', '.join(repeated)}")
+    query = form.fields.get("query", [None])[0]
+    if query is None:
+        raise errors.InvalidRequest("form field `query` (text) is required")
+    files: list[str | bytes] = [*form.files.get(files_field, []),
+                                *form.fields.get(files_field, [])]  # fmt: skip
+    raw: dict[str, Any] = {k: form.fields[k][0] for k in option_fields if k in form.fields}
+    return raw, query, files
+
+
+def form_options(model: Any, raw: dict[str, Any]) -> Any:
+    """The options model from a form's fields (pydantic errors located under "form")."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_error(exc, "form") from None
+
+
+def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimits:
+    """The limits of a query form: ``files`` image parts, the options, the query."""
+    return FormLimits(
+        max_parts=files + option_fields + 1,
+        max_files=files,
+        max_file_bytes=settings.max_image_bytes,
+        max_field_bytes=max(4 * settings.max_query_chars, 64 * 1024),
+    )
+
+
+def not_json_or_form(media_type: str) -> errors.UnsupportedMediaType:
+    return errors.UnsupportedMediaType(
+        f"content type {media_type or '(none)'!r} is not supported; send application/json "
+        "or multipart/form-data"
+    )

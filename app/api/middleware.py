@@ -88,7 +88,7 @@ class BodyTimeout(HTTPException):
 
 def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:
     """The byte limit of a route's body and the setting that names it."""
-    if method == "POST" and path == "/v1/retrieve":
+    if method == "POST" and path in ("/v1/retrieve", "/v1/rerank"):
         return settings.max_body_bytes, "LAD_MAX_BODY_BYTES"
     if method == "POST" and path == "/v1/calibrate":
         return settings.max_calibrate_body_bytes, "LAD_MAX_CALIBRATE_BODY_BYTES"

@@ -34,6 +34,10 @@ ROUTE_ERRORS: dict[Route, tuple[type[errors.ServiceError], ...]] = {
         *MODEL, *BODY, *IMAGES, *AUTH, errors.CalibrationRequired, errors.ProfileMismatch,
         errors.Overloaded, errors.EngineFailure,
     ),
+    ("POST", "/v1/rerank"): (
+        *MODEL, *BODY, *IMAGES, *AUTH, errors.CalibrationRequired, errors.ProfileMismatch,
+        errors.Overloaded, errors.EngineFailure,
+    ),
     ("POST", "/v1/calibrate"): (
         *MODEL, *BODY, *IMAGES, *ADMIN, errors.InvalidCalibration, errors.EngineFailure,
     ),

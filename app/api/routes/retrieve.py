@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 
 from app import errors
 from app.api.bodies import (
     FormLimits,
     content_type,
+    form_options,
     is_json,
+    not_json_or_form,
+    query_form_limits,
     read_form,
     read_json,
-    validation_error,
+    split_form,
 )
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
 from app.api.route_errors import error_responses
@@ -61,39 +63,21 @@ _OPENAPI: dict[str, Any] = {
 
 
 def form_limits(settings: Settings) -> FormLimits:
-    return FormLimits(
-        max_parts=settings.max_images + len(_OPTION_FIELDS) + 1,
-        max_files=settings.max_images,
-        max_file_bytes=settings.max_image_bytes,
-        max_field_bytes=max(4 * settings.max_query_chars, 64 * 1024),
-    )
+    return query_form_limits(settings, settings.max_images, len(_OPTION_FIELDS))
 
 
 async def _from_form(
     request: Request, settings: Settings
 ) -> tuple[RetrieveOptions, str, list[str | bytes]]:
     form = await read_form(request, form_limits(settings))
-    unknown = sorted(form.names() - {"query", "images", *_OPTION_FIELDS})
-    if unknown:
-        raise errors.InvalidRequest(f"unknown form field(s): {', '.join(unknown)}")
-    repeated = sorted(k for k, v in form.fields.items() if len(v) > 1 and k != "images")
-    if repeated:
-        raise errors.InvalidRequest(f"form field(s) sent more than once: {', '.join(repeated)}")
-    query = form.fields.get("query", [None])[0]
-    if query is None:
-        raise errors.InvalidRequest("form field `query` (text) is required")
-    images: list[str | bytes] = [*form.files.get("images", []), *form.fields.get("images", [])]
-    raw: dict[str, Any] = {k: form.fields[k][0] for k in _OPTION_FIELDS if k in form.fields}
+    raw, query, images = split_form(form, "images", _OPTION_FIELDS)
     if "labels" in raw:
         try:
             labels = parse_labels(raw["labels"])
         except ValueError as exc:
             raise errors.InvalidLabels(str(exc)) from None
         raw["labels"] = labels if isinstance(labels, str) else list(labels)
-    try:
-        options = RetrieveOptions.model_validate(raw)
-    except ValidationError as exc:
-        raise validation_error(exc, "form") from None
+    options = form_options(RetrieveOptions, raw)
     return options, query, images
 
 
@@ -117,10 +101,7 @@ async def retrieve(
     elif media_type == "multipart/form-data":
         options, query, images = await _from_form(request, settings)
     else:
-        raise errors.UnsupportedMediaType(
-            f"content type {media_type or '(none)'!r} is not supported; send application/json "
-            "or multipart/form-data"
-        )
+        raise not_json_or_form(media_type)
     return await service.retrieve(
         query=query, images=images, method=options.method, profile=options.profile,
         labels=options.labels, return_details=options.return_details,
