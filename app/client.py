@@ -37,6 +37,7 @@ from app.schemas import (
     ProfileRolledBack,
     ProfileSummary,
     Readiness,
+    RerankResponse,
     RetrieveResponse,
 )
 
@@ -179,10 +180,19 @@ class _Api:
         return _Call("POST", "/v1/retrieve", RetrieveResponse, json=body)
 
     @staticmethod
+    def rerank(query: str, images: Sequence[ImageLike], top_n: int | None,
+               options: dict[str, Any]) -> _Call:  # fmt: skip
+        body = {"query": query, "documents": [encode_image(im) for im in images],
+                "top_n": top_n, **{k: v for k, v in options.items() if v is not None}}
+        return _Call("POST", "/v1/rerank", RerankResponse, json=body)
+
+    @staticmethod
     def calibrate(examples: Sequence[Example], profile: str,
-                  labels: str | Sequence[str]) -> _Call:  # fmt: skip
+                  labels: str | Sequence[str], n: Sequence[int] | str | None = None,
+                  ) -> _Call:  # fmt: skip
         body = {
             "profile": profile, "labels": _labels(labels),
+            **({} if n is None else {"n": n if isinstance(n, str) else list(n)}),
             "examples": [
                 {"query": q, "images": [encode_image(im) for im in ims], "answer": int(answer)}
                 for q, ims, answer in examples
@@ -266,10 +276,21 @@ class LadClient:
         call = self._api.retrieve(query, images, method, profile, labels, return_details)
         return self._send(call, request_id)
 
+    def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
+               method: str = "agd", profile: str = "default", window: int | None = None,
+               seed: int | None = None, request_id: str | None = None,
+               ) -> RerankResponse:  # fmt: skip
+        """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score),
+        best first; ``.meta`` says the windows, the seed and the forward passes spent."""
+        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        return self._send(self._api.rerank(query, images, top_n, options), request_id)
+
     def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
-                  labels: str | Sequence[str] = "digits") -> CalibrateResponse:  # fmt: skip
-        """A new profile version from (query, images, 0-based answer) examples of one N."""
-        return self._send(self._api.calibrate(examples, profile, labels))
+                  labels: str | Sequence[str] = "digits",
+                  n: Sequence[int] | str | None = None) -> CalibrateResponse:  # fmt: skip
+        """A new profile version from (query, images, 0-based answer) examples of one N;
+        with ``n`` (a list of N, or "all") one version per N from the same examples."""
+        return self._send(self._api.calibrate(examples, profile, labels, n))
 
     def profiles(self) -> ProfileList:
         return self._send(self._api.profiles(None))
@@ -343,9 +364,17 @@ class AsyncLadClient:
         call = self._api.retrieve(query, images, method, profile, labels, return_details)
         return await self._send(call, request_id)
 
+    async def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
+                     method: str = "agd", profile: str = "default", window: int | None = None,
+                     seed: int | None = None, request_id: str | None = None,
+                     ) -> RerankResponse:  # fmt: skip
+        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        return await self._send(self._api.rerank(query, images, top_n, options), request_id)
+
     async def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
-                        labels: str | Sequence[str] = "digits") -> CalibrateResponse:  # fmt: skip
-        return await self._send(self._api.calibrate(examples, profile, labels))
+                        labels: str | Sequence[str] = "digits",
+                        n: Sequence[int] | str | None = None) -> CalibrateResponse:  # fmt: skip
+        return await self._send(self._api.calibrate(examples, profile, labels, n))
 
     async def profiles(self) -> ProfileList:
         return await self._send(self._api.profiles(None))

@@ -129,3 +129,28 @@ def test_retry_after_reads_seconds_and_http_dates():
     policy = RetryPolicy(retries=3, base_s=0.5, max_wait_s=4)
     assert policy.wait_s(0, None) < 0.56 and policy.wait_s(0, 3) >= 3
     assert policy.wait_s(10, None) <= 4
+
+
+def test_client_reranks_and_calibrates_every_n(live_server):
+    """LadClient and AsyncLadClient against a running server: calibrate n="all", rerank."""
+    from app.demo.world import make_items
+    from app.schemas import RerankResponse
+
+    server = live_server()
+    wide = make_items(2, n_candidates=4, setting="random", seed="calibration", image_size=56)
+    many = make_items(1, n_candidates=9, setting="random", seed="eval", image_size=56)[0]
+    lad = LadClient(server.url)
+    summary = lad.calibrate([(it.query, it.images, it.target) for it in wide], n="all")
+    assert [e.n for e in summary.per_n or []] == [2, 3, 4]
+    ranked = lad.rerank(many.query, many.images, top_n=2, seed=5)
+    assert isinstance(ranked, RerankResponse) and len(ranked.results) == 2
+    assert ranked.meta.window == 4 and ranked.meta.method == "agd" and ranked.meta.seed == 5
+    assert ranked.meta.forward_passes == sum(len(r) for r in ranked.meta.windows)
+
+    async def run() -> RerankResponse:
+        async with AsyncLadClient(server.url) as alad:
+            return await alad.rerank(many.query, many.images, top_n=2, seed=5)
+
+    assert asyncio.run(run()).results == ranked.results  # same seed, same ranking
+    everything = lad.rerank(many.query, many.images, method="vanilla", window=3)
+    assert sorted(r.index for r in everything.results) == list(range(9))
