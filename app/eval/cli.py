@@ -106,7 +106,12 @@ def config_from(argv: list[str], prog: str = "lad eval") -> EvalConfig:
 
 def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     """Parse, load the model, run, print the headline table."""
-    config = config_from(list(sys.argv[1:] if argv is None else argv), prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rerank"]:  # lad eval rerank: tournaments and any-N calibration
+        from app.eval.rerank import main as rerank_main
+
+        return rerank_main(argv[1:])
+    config = config_from(argv, prog)
     from app.models.loader import load_runner
     from app.settings import Settings
 
