@@ -115,3 +115,31 @@ def test_bad_input_is_4xx(make_client: Any, many: RetrievalExample) -> None:
     r = big.post("/v1/rerank", json={**body(many, method="vanilla", window=6),
                                      "documents": body(many)["documents"][:6]})  # fmt: skip
     assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_images"
+
+
+class RecordingRunner:
+    """The real runner, recording how many instances each forward call carried."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, items: Any, labels: Any = "digits") -> Any:
+        self.batches.append(len(items))
+        return self.inner.forward(items, labels=labels)
+
+
+def test_windows_of_a_round_share_one_batch(make_client: Any, runner: Any,
+                                            many: RetrievalExample) -> None:  # fmt: skip
+    recording = RecordingRunner(runner)
+    client = make_client(runner_override=recording, max_batch_size=8, max_wait_ms=50)
+    out = client.post("/v1/rerank", json=body(many, method="vanilla", window=4, seed=1)).json()
+    assert out["meta"]["windows"] == [[4, 3, 3], [3]]
+    assert recording.batches == [3, 1]  # round 1: its three windows in one forward
+    recording.batches.clear()
+    out = client.post("/v1/rerank", json=body(many, method="perm_avg", window=4, seed=1)).json()
+    assert out["meta"]["forward_passes"] == 4 + 3 + 3 + 3 == sum(recording.batches)
+    assert recording.batches[0] == 8  # the rotations of round 1's windows fill whole batches
