@@ -22,6 +22,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 LIMITS: tuple[tuple[str, str], ...] = (
     ("max_images", "422 `too_many_images`"),
     ("max_rerank_candidates", "422 `too_many_images`"),
+    ("max_rerank_passes", "422 `invalid_request` before any forward pass"),
     ("max_image_bytes", "413 `image_too_large`"),
     ("max_image_pixels", "413 `image_too_large`"),
     ("max_request_pixels", "413 `image_too_large`"),

@@ -77,6 +77,10 @@ class Settings(BaseSettings):
         64, ge=2, le=MAX_N, description="most documents per /v1/rerank request (above the "
         "largest window they go through the windowed tournament)",
     )
+    max_rerank_passes: int = Field(
+        256, ge=1, description="most forward passes one /v1/rerank may plan (its tournament's "
+        "cost is known before it runs: windows, or N per window for perm_avg)",
+    )
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1, description="encoded size per image")
     max_image_pixels: int = Field(
         16_777_216, ge=1, description="width x height per image, read from its header "

@@ -69,6 +69,14 @@ def _profiles(
     window = options.window or (calibrated[-1] if calibrated else service.settings.max_images)
     rounds = window_sizes(n, min(window, n), top_n)
     needed = sorted({s for r in rounds for s in r})
+    planned = sum(passes(options.method, s) for r in rounds for s in r)
+    if planned > service.settings.max_rerank_passes:
+        raise errors.InvalidRequest(
+            f"this tournament ({n} documents, window {window}, top_n {top_n}, method "
+            f"{options.method}) would take {planned} forward passes; the limit is "
+            f"LAD_MAX_RERANK_PASSES={service.settings.max_rerank_passes}: lower top_n, use a "
+            "larger window or another method"
+        )
     for size in needed:
         service.check_labels(size, spec, "window")
     if options.method not in NEEDS_CALIBRATION:

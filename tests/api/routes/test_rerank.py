@@ -109,6 +109,23 @@ def test_bad_input_is_4xx(make_client: Any, many: RetrievalExample) -> None:
         assert r.status_code == status, (payload.keys(), r.text)
         if code:
             assert r.json()["error"]["code"] == code, r.text
+    r = client.post(
+        "/v1/rerank",
+        json={
+            **body(many, method="perm_avg", window=2, top_n=1),
+            "documents": body(many)["documents"][:8],
+        },
+    )
+    assert r.status_code == 200 and r.json()["meta"]["forward_passes"] == 7 * 2
+    capped = make_client(max_rerank_passes=13)
+    r = capped.post(
+        "/v1/rerank",
+        json={
+            **body(many, method="perm_avg", window=2, top_n=1),
+            "documents": body(many)["documents"][:8],
+        },
+    )
+    assert r.status_code == 422 and "LAD_MAX_RERANK_PASSES=13" in r.text
     r = client.post("/v1/rerank", content=b"x", headers={"content-type": "text/plain"})
     assert r.status_code == 415
     big = make_client(max_rerank_candidates=8, max_images=4)
