@@ -78,3 +78,22 @@ def test_two_replicas_share_calibrations_within_2_s(make_client, redis_prefix, i
     # deletion propagates too
     assert a.delete("/v1/profiles/default", params={"n": 3}).status_code == 200
     _wait_for(lambda: b.post("/v1/retrieve", json=body).status_code == 409)
+
+
+def test_every_n_calibration_reaches_another_replica(make_client, redis_prefix):
+    """n = all on replica A (one Lua script for every N); replica B reranks with them."""
+    from app.demo.world import make_items
+    from tests.api.helpers import b64, calibration_body
+
+    a = _replica(make_client, redis_prefix)
+    b = _replica(make_client, redis_prefix)
+    wide = make_items(2, n_candidates=4, setting="random", seed="calibration", image_size=56)
+    out = a.post("/v1/calibrate", json=calibration_body(wide, n="all")).json()
+    assert [(e["n"], e["version"]) for e in out["per_n"]] == [(2, 1), (3, 1), (4, 1)]
+    many = make_items(1, n_candidates=9, setting="random", seed="eval", image_size=56)[0]
+    body = {"query": many.query, "documents": [b64(im) for im in many.images], "seed": 3}
+    _wait_for(lambda: b.post("/v1/rerank", json=body).status_code == 200)
+    meta = b.post("/v1/rerank", json=body).json()["meta"]
+    assert meta["window"] == 4 and meta["profile"] == {"3": 1}  # windows [[3, 3, 3], [3]]
+    entries = b.get("/v1/profiles/default").json()["entries"]
+    assert sorted(e["n"] for e in entries) == [2, 3, 4]
