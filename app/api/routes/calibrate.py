@@ -24,7 +24,12 @@ store them as a new version of the profile for (model, profile, labels, N).
 
 Send 1..{MAX_CALIBRATION_EXAMPLES} examples ({RECOMMENDED_CALIBRATION_EXAMPLES} recommended), all
 with the same number of images N; `answer` is the 0-based index of the matching image. Requires
-the admin token when LAD_ADMIN_TOKEN is set; the token is checked before the body is read."""
+the admin token when LAD_ADMIN_TOKEN is set; the token is checked before the body is read.
+
+With `n` (a list of N, or `"all"`), every requested N is calibrated from the same examples,
+which then need at least max(n) images each: per N, each example is cut to its GT plus N - 1
+of its negatives (seeded by `seed`) and run in all N rotations (M x sum(n) forward passes in
+one batched run); one version per N is stored, all or none, and `per_n` lists them."""
 
 _OPENAPI = {
     "requestBody": {
