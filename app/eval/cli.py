@@ -39,7 +39,9 @@ def _layers(text: str) -> list[int]:
 
 def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`lad eval rerank --help`: the windowed tournament of /v1/rerank and the "
+        "profiles of one n=all calibration against per-N ones (app/eval/rerank.py)",
     )
     d = " (default: %(default)s)"
     add = p.add_argument
