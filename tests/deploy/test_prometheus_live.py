@@ -129,7 +129,8 @@ def traffic(url: str, prometheus: Prometheus) -> None:
 def test_prometheus_evaluates_every_dashboard_query_and_rule_on_a_live_service(tmp_path):
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
-    service = LiveService(tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true"})
+    service = LiveService(tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true",
+                                      "LAD_OVERHEAD_SAMPLE_RATE": "1"})
     prometheus = Prometheus(prom_dir, f"127.0.0.1:{service.port}")
     try:
         service.start()
