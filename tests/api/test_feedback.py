@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from app.engine.calibrate import CalibrationStats
 from calibration_store import Evidence, Profile, open_store
@@ -204,3 +205,42 @@ def test_refresh_of_a_profile_without_offline_statistics_is_409(make_client, run
     r = client.post("/v1/profiles/default/refresh", params={"n": N})
     assert r.status_code == 409 and r.json()["error"]["code"] == "refresh_unavailable"
     assert client.post("/v1/profiles/nope/refresh", params={"n": N}).status_code == 404
+
+
+def test_clients_close_the_loop(make_client, items, calibration_items):
+    """retrieve -> feedback -> refresh through LadClient and AsyncLadClient."""
+    import asyncio
+
+    from app.client import AsyncLadClient, LadClient, LadError
+
+    http = make_client(admin_token=ADMIN, refresh_min_holdout=1000)
+    lad = LadClient(http=http, admin_token=ADMIN)
+    lad.calibrate([(it.query, it.images, it.target) for it in calibration_items])
+    answer = lad.retrieve(items[0].query, items[0].images)
+    done = lad.feedback(answer.request_id, items[0].target)
+    assert done.counted and not lad.feedback(answer.request_id, items[0].target).counted
+    refreshed = lad.refresh("default", 3)
+    assert refreshed.live is False and refreshed.previous_version == 1
+    with pytest.raises(LadError) as unknown:
+        lad.feedback("no-such-request", 0)
+    assert unknown.value.status == 404 and unknown.value.code == "request_not_found"
+
+    async def run() -> None:
+        client = AsyncLadClient(http=_AsyncBridge(http), admin_token=ADMIN)
+        assert (await client.feedback(answer.request_id, 0)).counted is False
+        assert (await client.refresh("default", 3, force=True)).version == 2
+
+    asyncio.run(run())
+
+
+class _AsyncBridge:
+    """An httpx.AsyncClient look-alike over the sync TestClient (the app runs in its portal)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    async def request(self, **kwargs):
+        return self.client.request(**kwargs)
+
+    async def aclose(self) -> None:
+        return None
