@@ -19,9 +19,10 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.engine.calibrate import Calibration, CalibrationStats, blend, estimate_from_stats
-from app.engine.calibration_diagnostics import accuracy_with, calibration_diagnostics
+from app.engine.calibrate import CalibrationStats
+from app.engine.calibration_diagnostics import calibration_diagnostics
 from app.engine.methods import MethodConfig
+from app.engine.refresh import refresh_calibration
 from app.schemas import FeedbackResponse, ProfileSummary, RefreshResponse
 from app.service.profiles import ProfileService, calibration_of
 from app.settings import Settings
@@ -29,9 +30,6 @@ from calibration_store import Evidence, OnlineStore, Profile, ProfileKey, StoreE
 from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, FeedbackSnapshot
 
 log = logging.getLogger(__name__)
-
-GUARD_METHOD = "agd"
-"""The method whose held-out accuracy decides whether a refresh goes live."""
 
 
 def _iso(stamp: float | None) -> str | None:
@@ -135,17 +133,6 @@ class OnlineService:
         logs.note(profile=name, labels=key.label_scheme, n=n)
         return await self.refresh_key(key, force)
 
-    def _judge(self, live: Calibration, new: Calibration,
-               snap: FeedbackSnapshot) -> tuple[float | None, float | None]:  # fmt: skip
-        if not snap.holdout:
-            return None, None
-        s = np.stack([h[0] for h in snap.holdout])
-        a = np.stack([h[1] for h in snap.holdout])
-        t = np.array([h[2] for h in snap.holdout])
-        methods = (GUARD_METHOD,)
-        return (accuracy_with(live, s, a, t, self.config, methods)[GUARD_METHOD],
-                accuracy_with(new, s, a, t, self.config, methods)[GUARD_METHOD])  # fmt: skip
-
     async def refresh_key(self, key: ProfileKey, force: bool) -> RefreshResponse:
         live = await self.profiles.call("get", self.profiles.store.get, key)
         if live is None:
@@ -160,41 +147,18 @@ class OnlineService:
         snap: FeedbackSnapshot = await self._call(self.online.snapshot, key, len(live.layers))
         offline = CalibrationStats.from_dict(live.calibration_statistics)
         fb = feedback_stats(snap)
-        new = estimate_from_stats(blend(offline, fb, self.settings.feedback_min_row_count))
-        acc_live, acc_new = self._judge(calibration_of(live), new, snap)
-        held = len(snap.holdout)
-        if force:
-            go, reason = True, "forced by the operator (force=true): the guard was skipped"
-        elif held < self.settings.refresh_min_holdout:
-            go, reason = (
-                False,
-                (
-                    f"only {held} held-out feedback instance(s); the guard needs "
-                    f"{self.settings.refresh_min_holdout} (LAD_REFRESH_MIN_HOLDOUT)"
-                ),
-            )
-        elif acc_new is not None and acc_live is not None and acc_new >= acc_live:
-            go, reason = (
-                True,
-                (
-                    f"held-out {GUARD_METHOD} accuracy {acc_new:.3f} >= live "
-                    f"{acc_live:.3f} on {held} instances"
-                ),
-            )
-        else:
-            go, reason = (
-                False,
-                (
-                    f"would lose accuracy: held-out {GUARD_METHOD} accuracy "
-                    f"{acc_new:.3f} < live {acc_live:.3f} on {held} instances"
-                ),
-            )
-        trusted = fb.row_counts >= self.settings.feedback_min_row_count
+        out = refresh_calibration(
+            calibration_of(live), offline, fb, snap.holdout, self.config,
+            min_row_count=self.settings.feedback_min_row_count,
+            min_holdout=self.settings.refresh_min_holdout, force=force,
+        )  # fmt: skip
+        new, go, reason = out.calibration, out.live, out.reason
+        acc_live, acc_new, held = out.accuracy_live, out.accuracy_refreshed, out.held_out
         provenance = {
             "source": "refresh", "from_version": live.version,
             "offline_examples": live.num_examples, "feedback": int(snap.count),
             "feedback_in_sums": int(fb.row_counts.sum()), "held_out": held,
-            "rows_from_feedback": [int(t) for t in np.flatnonzero(trusted)],
+            "rows_from_feedback": out.trusted_rows,
             "min_row_count": self.settings.feedback_min_row_count,
             "window": {"first": _iso(snap.first_at), "last": _iso(snap.last_at)},
             "accuracy_live": acc_live, "accuracy_refreshed": acc_new, "forced": force,
