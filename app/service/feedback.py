@@ -58,6 +58,7 @@ class OnlineService:
 
     def __init__(self, settings: Settings, profiles: ProfileService, online: OnlineStore,
                  config: MethodConfig) -> None:  # fmt: skip
+        self.metrics = profiles.metrics
         self.settings = settings
         self.profiles = profiles
         self.online = online
@@ -104,6 +105,7 @@ class OnlineService:
             )
         if result.outcome not in (COUNTED, DUPLICATE):
             raise errors.RequestNotFound(f"the evidence of request {request_id!r} expired")
+        self.metrics.feedback.labels(outcome=result.outcome).inc()
         refresh = None
         if result.outcome == COUNTED and self.settings.feedback_refresh_every > 0:
             refresh = await self._auto_refresh(key)
@@ -184,6 +186,7 @@ class OnlineService:
                                      "attention_prior": new.attention_prior.tolist(),
                                      "provenance": provenance}  # fmt: skip
         await self._call(self.online.record_refresh, key, decision)
+        self.metrics.refreshes.labels(decision="live" if go else "candidate").inc()
         logs.note(version=version)
         return RefreshResponse(
             profile=key.name, labels=key.label_scheme, n=key.n, live=go, reason=reason,

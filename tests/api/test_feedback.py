@@ -11,7 +11,7 @@ import pytest
 from app.engine.calibrate import CalibrationStats
 from calibration_store import Evidence, Profile, open_store
 from calibration_store.evidence import is_holdout
-from tests.api.helpers import retrieve_body
+from tests.api.helpers import metric_value, retrieve_body
 
 ADMIN, RETRIEVE = "admin-secret-token-123", "retrieve-secret-token-456"
 
@@ -49,6 +49,9 @@ def test_feedback_counts_once_and_shows_on_the_profile(make_client, items, calib
     assert online["feedback"] == 4 and online["served_requests"] == 4
     assert sum(online["feedback_per_row"]) + online["feedback_held_out"] == 4
     assert online["drift"]["requests"] == 4 and 0 <= online["drift"]["distance"] <= 1
+    metrics = client.get("/metrics").text
+    assert metric_value(metrics, "lad_feedback_total", outcome="counted") == 4
+    assert metric_value(metrics, "lad_feedback_total", outcome="duplicate") == 1
 
 
 def test_unknown_and_invalid_feedback(make_client, items, calibrate_json):
@@ -156,6 +159,9 @@ def test_a_refresh_that_would_lose_accuracy_stays_a_candidate(make_client, runne
     forced = client.post("/v1/profiles/default/refresh", params={"n": N, "force": True}).json()
     assert forced["live"] is True and forced["version"] == 2
     assert forced["provenance"]["feedback"] == 90 and forced["provenance"]["forced"] is True
+    metrics = client.get("/metrics").text
+    assert metric_value(metrics, "lad_profile_refreshes_total", decision="candidate") == 1
+    assert metric_value(metrics, "lad_profile_refreshes_total", decision="live") == 1
 
 
 def test_a_refresh_that_keeps_accuracy_goes_live(make_client, runner):
