@@ -31,6 +31,10 @@ from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, Feedbac
 
 log = logging.getLogger(__name__)
 
+EVIDENCE_PAUSE_S = 5.0
+"""After the store failed to take a request's evidence, retrievals skip the evidence cache
+this long (they stay fast while the store is down; those requests get no feedback)."""
+
 
 def _iso(stamp: float | None) -> str | None:
     return None if stamp is None else datetime.fromtimestamp(stamp, UTC).isoformat()
@@ -63,6 +67,7 @@ class OnlineService:
         self.profiles = profiles
         self.online = online
         self.config = config
+        self._skip_until = 0.0
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -75,12 +80,16 @@ class OnlineService:
                        scores: Any, attention: Any) -> None:  # fmt: skip
         """Keep a retrieval's evidence for feedback. Never fails the retrieval: a store that
         cannot take it is logged (that request just cannot receive feedback)."""
-        if request_id is None:
+        if request_id is None or time.monotonic() < self._skip_until:
             return
         try:
             evidence = Evidence.of(key, version, scores, attention)
             await run_in_threadpool(self.online.put_evidence, request_id, evidence)
-        except (StoreError, ValueError) as exc:
+        except StoreError as exc:
+            # a store that is down would cost every retrieval its timeout: pause the cache
+            self._skip_until = time.monotonic() + EVIDENCE_PAUSE_S
+            log.warning("evidence not kept (paused %g s): %s", EVIDENCE_PAUSE_S, exc)
+        except ValueError as exc:
             log.warning("evidence of request %s not kept: %s", request_id, exc)
 
     # ------------------------------------------------------------------ feedback
