@@ -310,6 +310,10 @@ class RefreshResponse(BaseModel):
     provenance: dict[str, object] = Field(description="offline examples, feedback count, window")
     bias_matrix: list[list[float]] = Field(description="the refreshed B")
     attention_prior: list[list[float]] = Field(description="the refreshed P")
+    diagnostics: dict[str, object] | None = Field(
+        None, description="held-out accuracy of vanilla, attn_pure and agd with the live and "
+        "the refreshed calibration, and the offline calibration's diagnostics"
+    )
 
 
 # ---------------------------------------------------------------------------- health

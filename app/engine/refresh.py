@@ -33,6 +33,9 @@ class RefreshOutcome:
     accuracy_refreshed: float | None
     held_out: int
     trusted_rows: list[int]
+    held_out_by_method: dict[str, dict[str, float]] | None = None
+    """Held-out accuracy of vanilla, attn_pure and agd with the live and the refreshed
+    calibration (the refresh's diagnostics); None without held-out feedback."""
 
 
 def held_out_accuracy(
@@ -77,4 +80,10 @@ def refresh_calibration(
         go, reason = False, (f"would lose accuracy: held-out {GUARD_METHOD} accuracy "
                              f"{acc_new:.3f} < live {acc_live:.3f} on {n} instances")  # fmt: skip
     trusted = [int(t) for t in np.flatnonzero(feedback.row_counts >= max(1, min_row_count))]
-    return RefreshOutcome(new, go, reason, acc_live, acc_new, n, trusted)
+    by_method = None
+    if held:
+        s, a, t = (np.stack([h[0] for h in held]), np.stack([h[1] for h in held]),
+                   np.array([h[2] for h in held]))  # fmt: skip
+        by_method = {"live": accuracy_with(live, s, a, t, config),
+                     "refreshed": accuracy_with(new, s, a, t, config)}  # fmt: skip
+    return RefreshOutcome(new, go, reason, acc_live, acc_new, n, trusted, by_method)

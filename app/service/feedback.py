@@ -202,6 +202,8 @@ class OnlineService:
             version=version, previous_version=live.version, accuracy_live=acc_live,
             accuracy_refreshed=acc_new, held_out=held, provenance=provenance,
             bias_matrix=new.bias_matrix.tolist(), attention_prior=new.attention_prior.tolist(),
+            diagnostics={"held_out_accuracy": out.held_out_by_method,
+                         "calibration": live.diagnostics},
         )  # fmt: skip
 
     # ------------------------------------------------------------------ status

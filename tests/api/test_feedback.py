@@ -151,6 +151,9 @@ def test_a_refresh_that_would_lose_accuracy_stays_a_candidate(make_client, runne
     body = r.json()
     assert body["live"] is False and "would lose accuracy" in body["reason"]
     assert body["accuracy_live"] == 1.0 and body["accuracy_refreshed"] < 1.0
+    held = body["diagnostics"]["held_out_accuracy"]
+    assert held["live"]["agd"] == 1.0 and held["refreshed"]["agd"] == body["accuracy_refreshed"]
+    assert set(held["live"]) == {"vanilla", "attn_pure", "agd"}
     assert body["version"] is None and body["held_out"] >= 5
     detail = client.get("/v1/profiles/default").json()["entries"][0]
     assert detail["current_version"] == 1
