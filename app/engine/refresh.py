@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine.calibrate import Calibration, CalibrationStats, blend, estimate_from_stats
-from app.engine.calibration_diagnostics import accuracy_with
+from app.engine.calibration_diagnostics import DIAGNOSTIC_METHODS, accuracy_with
 from app.engine.methods import MethodConfig
 
 GUARD_METHOD = "agd"
@@ -38,16 +38,19 @@ class RefreshOutcome:
     calibration (the refresh's diagnostics); None without held-out feedback."""
 
 
+def _stacked(held: HeldOut) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (np.stack([h[0] for h in held]), np.stack([h[1] for h in held]),
+            np.array([h[2] for h in held]))  # fmt: skip
+
+
 def held_out_accuracy(
-    calibration: Calibration, held: HeldOut, config: MethodConfig
-) -> float | None:
-    """The guard method's accuracy on held-out feedback (None when there is none)."""
+    calibration: Calibration, held: HeldOut, config: MethodConfig,
+    methods: tuple[str, ...] = (GUARD_METHOD,),
+) -> dict[str, float] | None:  # fmt: skip
+    """Accuracy per method on held-out feedback (None when there is none)."""
     if not held:
         return None
-    s = np.stack([h[0] for h in held])
-    a = np.stack([h[1] for h in held])
-    t = np.array([h[2] for h in held])
-    return accuracy_with(calibration, s, a, t, config, (GUARD_METHOD,))[GUARD_METHOD]
+    return accuracy_with(calibration, *_stacked(held), config, methods)
 
 
 def refresh_calibration(
@@ -65,8 +68,14 @@ def refresh_calibration(
     against ``live`` on ``held``: it goes live when at least as accurate there (ties go
     live: the blend rests on more evidence), or when ``force``."""
     new = estimate_from_stats(blend(offline, feedback, min_row_count))
-    acc_live = held_out_accuracy(live, held, config)
-    acc_new = held_out_accuracy(new, held, config)
+    by_method = None
+    if held:
+        by_method = {
+            "live": held_out_accuracy(live, held, config, DIAGNOSTIC_METHODS),
+            "refreshed": held_out_accuracy(new, held, config, DIAGNOSTIC_METHODS),
+        }
+    acc_live = by_method["live"][GUARD_METHOD] if by_method else None
+    acc_new = by_method["refreshed"][GUARD_METHOD] if by_method else None
     n = len(held)
     if force:
         go, reason = True, "forced by the operator (force=true): the guard was skipped"
@@ -80,10 +89,4 @@ def refresh_calibration(
         go, reason = False, (f"would lose accuracy: held-out {GUARD_METHOD} accuracy "
                              f"{acc_new:.3f} < live {acc_live:.3f} on {n} instances")  # fmt: skip
     trusted = [int(t) for t in np.flatnonzero(feedback.row_counts >= max(1, min_row_count))]
-    by_method = None
-    if held:
-        s, a, t = (np.stack([h[0] for h in held]), np.stack([h[1] for h in held]),
-                   np.array([h[2] for h in held]))  # fmt: skip
-        by_method = {"live": accuracy_with(live, s, a, t, config),
-                     "refreshed": accuracy_with(new, s, a, t, config)}  # fmt: skip
     return RefreshOutcome(new, go, reason, acc_live, acc_new, n, trusted, by_method)
