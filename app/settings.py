@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     feedback_refresh_every: int = Field(
         0, ge=0, description="refresh automatically after this much new feedback (0: off)"
     )
+    refresh_prior: Literal["feedback", "served"] = Field(
+        "feedback", description="refresh's prior P from the labelled feedback, or from every "
+        "served request (P needs no labels)"
+    )
 
     # --- input limits (README "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")

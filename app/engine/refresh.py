@@ -14,12 +14,28 @@ import numpy as np
 from app.engine.calibrate import Calibration, CalibrationStats, blend, estimate_from_stats
 from app.engine.calibration_diagnostics import DIAGNOSTIC_METHODS, accuracy_with
 from app.engine.methods import MethodConfig
+from calibration_store.evidence import FeedbackSnapshot
 
 GUARD_METHOD = "agd"
 """The method whose held-out accuracy decides whether a refresh goes live."""
 
 HeldOut = Sequence[tuple[np.ndarray, np.ndarray, int]]
 """Held-out feedback: (scores (N,), attention (|Λ|, N), correct position) per request."""
+
+
+PRIOR_SOURCES = ("feedback", "served")
+"""Where a refresh takes the prior P from: the labelled feedback, or every served request
+(P needs no labels: more evidence, including requests that never get feedback)."""
+
+
+def online_stats(snap: FeedbackSnapshot, prior: str = "feedback") -> CalibrationStats:
+    """The feedback statistics of a store snapshot, as the estimator's sums and counts."""
+    if prior not in PRIOR_SOURCES:
+        raise ValueError(f"unknown prior source {prior!r}; use one of {PRIOR_SOURCES}")
+    if prior == "served":
+        return CalibrationStats(snap.row_sums, snap.row_counts, snap.unlabelled_prior_sums,
+                                snap.unlabelled_count)  # fmt: skip
+    return CalibrationStats(snap.row_sums, snap.row_counts, snap.prior_sums, snap.prior_count)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
                         help="feedback a row of L_obs needs to be used" + d)
     stream.add_argument("--min-holdout", type=int, default=20,
                         help="held-out feedback the guard needs" + d)
+    stream.add_argument("--prior-from", choices=("feedback", "served"), default="feedback",
+                        help="refresh's prior P from the feedback or every request" + d)
     stream.add_argument("--drift-prompt-variant", choices=PROMPT_VARIANTS, default=None,
                         help="calibrate the drifted start with this prompt variant "
                         "(with --calibration-setting: on that setting)")
@@ -161,6 +163,7 @@ def _stream(runner: object, config: EvalConfig) -> int:
         feedback_rate=config.feedback_rate, window=config.window,
         refresh_every=config.refresh_every, min_row_count=config.min_row_count,
         min_holdout=config.min_holdout, seed=config.ordering_seed, bootstrap=config.bootstrap,
+        prior=config.prior_from,
     )  # fmt: skip
     result = run_stream(runner, config, setup, drift_runner=drift)
     s = result["summary"]

@@ -89,6 +89,7 @@ class EvalConfig:
     min_row_count: int = 20
     min_holdout: int = 20
     drift_prompt_variant: str | None = None
+    prior_from: str = "feedback"
 
     def method_config(self) -> MethodConfig:
         return MethodConfig(

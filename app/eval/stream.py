@@ -27,7 +27,7 @@ import numpy as np
 
 from app.engine.calibrate import Calibration, CalibrationStats, calibration_instances
 from app.engine.methods import MethodConfig, apply_method
-from app.engine.refresh import refresh_calibration
+from app.engine.refresh import online_stats, refresh_calibration
 from app.eval.datasets import EvalItem
 from app.eval.evidence import Options, forward
 from app.eval.protocol import apply_ordering
@@ -49,6 +49,7 @@ class StreamSetup:
     min_holdout: int = 20
     seed: int = 0
     bootstrap: int = 2000
+    prior: str = "feedback"
 
 
 def offline_stats(runner: Any, items: list[EvalItem], options: Options) -> CalibrationStats:
@@ -90,18 +91,17 @@ def replay(
     since = 0
     for r in range(len(gt)):
         predictions[r] = _agd(live, scores[r], attention[r], config)
+        rid = f"req-{r}"
+        store.put_evidence(rid, Evidence.of(key, 1, scores[r], attention[r]))  # as served
         if rng.random() >= setup.feedback_rate:
             continue
-        rid = f"req-{r}"
-        store.put_evidence(rid, Evidence.of(key, 1, scores[r], attention[r]))
         store.feedback(rid, int(gt[r]), True)
         since += 1
         if since < setup.refresh_every:
             continue
         since = 0
         snap = store.snapshot(key, attention.shape[1])
-        feedback = CalibrationStats(snap.row_sums, snap.row_counts, snap.prior_sums,
-                                    snap.prior_count)  # fmt: skip
+        feedback = online_stats(snap, setup.prior)
         out = refresh_calibration(live, drifted, feedback, snap.holdout, config,
                                   min_row_count=setup.min_row_count,
                                   min_holdout=setup.min_holdout)  # fmt: skip
@@ -267,7 +267,7 @@ def run_stream(runner: Any, config: Any, setup: StreamSetup, *,
             f"feedback, rows trusted from {setup.min_row_count} feedback, held-out guard with "
             f"at least {setup.min_holdout} held-out) every {setup.refresh_every} feedback, "
             f"feedback on {setup.feedback_rate:.0%} of requests (seed {setup.seed}), 1 in 5 "
-            "of them held out. Windows of "
+            f"of them held out; the refreshed prior from the {setup.prior} requests. Windows of "
             f"{setup.window} requests; CIs: request bootstrap within the window."
         ),
         setup=setup.__dict__, n=n, setting=setting, drift=drift_what,

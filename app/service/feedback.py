@@ -22,7 +22,7 @@ from app import errors, logs
 from app.engine.calibrate import CalibrationStats
 from app.engine.calibration_diagnostics import calibration_diagnostics
 from app.engine.methods import MethodConfig
-from app.engine.refresh import refresh_calibration
+from app.engine.refresh import online_stats, refresh_calibration
 from app.schemas import FeedbackResponse, ProfileSummary, RefreshResponse
 from app.service.profiles import ProfileService, calibration_of
 from app.settings import Settings
@@ -38,10 +38,6 @@ this long (they stay fast while the store is down; those requests get no feedbac
 
 def _iso(stamp: float | None) -> str | None:
     return None if stamp is None else datetime.fromtimestamp(stamp, UTC).isoformat()
-
-
-def feedback_stats(snap: FeedbackSnapshot) -> CalibrationStats:
-    return CalibrationStats(snap.row_sums, snap.row_counts, snap.prior_sums, snap.prior_count)
 
 
 def raw_drift(snap: FeedbackSnapshot, profile: Profile) -> dict[str, Any] | None:
@@ -157,7 +153,7 @@ class OnlineService:
             )
         snap: FeedbackSnapshot = await self._call(self.online.snapshot, key, len(live.layers))
         offline = CalibrationStats.from_dict(live.calibration_statistics)
-        fb = feedback_stats(snap)
+        fb = online_stats(snap, self.settings.refresh_prior)
         out = refresh_calibration(
             calibration_of(live), offline, fb, snap.holdout, self.config,
             min_row_count=self.settings.feedback_min_row_count,

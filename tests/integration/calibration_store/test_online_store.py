@@ -111,3 +111,19 @@ def test_file_backend_keeps_statistics_across_a_restart(tmp_path: Path) -> None:
     assert second.get_evidence("f0") is None  # evidence is short-lived: not persisted
     second.reset(KEY)
     assert open_online_store(str(tmp_path)).snapshot(KEY, 2).count == 0
+
+
+def test_the_refresh_prior_comes_from_feedback_or_every_served_request() -> None:
+    from app.engine.refresh import online_stats
+
+    store = open_online_store("memory://")
+    for i in range(6):
+        store.put_evidence(f"p{i}", _evidence(i))
+    store.feedback("p0", 0, True)
+    snap = store.snapshot(KEY, 2)
+    assert online_stats(snap, "served").prior_count == 6
+    assert online_stats(snap, "feedback").prior_count == snap.prior_count <= 1
+    served = sum(np.asarray(_evidence(i).attention) for i in range(6))
+    np.testing.assert_allclose(online_stats(snap, "served").prior_sums, served, atol=1e-9)
+    with pytest.raises(ValueError, match="prior source"):
+        online_stats(snap, "guess")
