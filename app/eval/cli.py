@@ -97,21 +97,21 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     add("--quiet", action="store_true", help="no progress bar")
     stream = p.add_argument_group("streaming mode (online calibration, README)")
     stream.add_argument("--stream", action="store_true", help="replay --items as traffic "
-                        "(first -n and --setting) with feedback and online refresh")
+                        "(first -n and --setting) with feedback and online refresh")  # fmt: skip
     stream.add_argument("--feedback-rate", type=float, default=0.3,
-                        help="share of requests that get feedback" + d)
+                        help="share of requests that get feedback" + d)  # fmt: skip
     stream.add_argument("--window", type=int, default=100, help="requests per window" + d)
     stream.add_argument("--refresh-every", type=int, default=50,
-                        help="refresh after this much new feedback" + d)
+                        help="refresh after this much new feedback" + d)  # fmt: skip
     stream.add_argument("--min-row-count", type=int, default=20,
-                        help="feedback a row of L_obs needs to be used" + d)
+                        help="feedback a row of L_obs needs to be used" + d)  # fmt: skip
     stream.add_argument("--min-holdout", type=int, default=20,
-                        help="held-out feedback the guard needs" + d)
+                        help="held-out feedback the guard needs" + d)  # fmt: skip
     stream.add_argument("--prior-from", choices=("feedback", "served"), default="feedback",
-                        help="refresh's prior P from the feedback or every request" + d)
+                        help="refresh's prior P: feedback or every request" + d)  # fmt: skip
     stream.add_argument("--drift-prompt-variant", choices=PROMPT_VARIANTS, default=None,
                         help="calibrate the drifted start with this prompt variant "
-                        "(with --calibration-setting: on that setting)")
+                        "(with --calibration-setting: on that setting)")  # fmt: skip
     return p
 
 
@@ -169,8 +169,9 @@ def _stream(runner: object, config: EvalConfig) -> int:
     s = result["summary"]
     print(f"last {s['tail_requests']} requests: " + ", ".join(
         f"{m} {v:.1f}" for m, v in s["acc"].items()))  # fmt: skip
-    print(f"gap {s['gap_points']:+.1f} {s['gap_ci']}, recovered {s['recovered_points']:+.1f} "
-          f"{s['recovered_ci']}, share {s['recovered_share']} {s['recovered_share_ci']}")
+    gap, got = f"{s['gap_points']:+.1f} {s['gap_ci']}", f"{s['recovered_points']:+.1f}"
+    print(f"gap {gap}, recovered {got} {s['recovered_ci']}, share {s['recovered_share']} "
+          f"{s['recovered_share_ci']}")  # fmt: skip
     print(f"{config.out}/stream.md  ({result['wall_s']} s)")
     return 0
 
