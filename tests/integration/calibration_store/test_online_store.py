@@ -127,3 +127,25 @@ def test_the_refresh_prior_comes_from_feedback_or_every_served_request() -> None
     np.testing.assert_allclose(online_stats(snap, "served").prior_sums, served, atol=1e-9)
     with pytest.raises(ValueError, match="prior source"):
         online_stats(snap, "guess")
+
+
+@pytest.mark.redis
+def test_redis_evidence_expires_and_one_replica_claims_an_automatic_refresh(
+    redis_prefix: str,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _make_current(redis_prefix)
+    short = open_online_store(REDIS_URL, key_prefix=redis_prefix, ttl_s=0.05)
+    short.put_evidence("gone", _evidence(0))
+    time.sleep(0.2)
+    assert short.get_evidence("gone") is None and short.feedback("gone", 0, True).outcome == UNKNOWN
+    replicas = [open_online_store(REDIS_URL, key_prefix=redis_prefix) for _ in range(4)]
+    for i in range(10):
+        replicas[0].put_evidence(f"c{i}", _evidence(i))
+        replicas[i % 4].feedback(f"c{i}", i % 3, True)
+    with ThreadPoolExecutor(4) as pool:
+        claims = list(pool.map(lambda s: s.claim_refresh(KEY, 10), replicas * 5))
+    assert sum(claims) == 1
+    for store in (short, *replicas):
+        store.close()
