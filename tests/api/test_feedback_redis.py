@@ -108,3 +108,12 @@ def test_concurrent_feedback_from_two_replicas_counts_each_once(replicas, items,
     np.testing.assert_allclose(snap.prior_sums, expected_prior, rtol=1e-9, atol=1e-9)
     # every served request, either replica: + the one that found the profile on b
     assert snap.unlabelled_count == len(served) + 1
+
+    # a refresh on one replica is judged on the shared statistics; the other one sees it
+    refreshed = httpx.post(f"{b.url}/v1/profiles/default/refresh", params={"n": 3}, timeout=60)
+    assert refreshed.status_code == 200, refreshed.text
+    decision = refreshed.json()
+    assert decision["held_out"] == held and decision["provenance"]["feedback"] == len(served)
+    seen = httpx.get(f"{a.url}/v1/profiles/default", timeout=30).json()["entries"][0]["online"]
+    assert seen["last_refresh"]["live"] == decision["live"]
+    assert seen["feedback"] == len(served) and seen["feedback_since_refresh"] == 0
