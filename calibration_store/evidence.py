@@ -218,6 +218,11 @@ class MemoryOnlineStore:
         self._ul: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot open {self.path.parent}: {exc}") from exc
         if self.path is not None and self.path.exists():
             state = json.loads(self.path.read_text())
             self._fb, self._held, self._ul = state["feedback"], state["held"], state["unlabelled"]

@@ -75,7 +75,8 @@ def open_online_store(
 ) -> OnlineStore:
     """The evidence cache and feedback statistics beside the profiles of ``url``: in
     process for memory:// (and for a directory, with the statistics persisted in it as
-    ``online-state.json``), in Redis for redis:// (shared by every replica)."""
+    ``online/state.json``: a subfolder, so the profile store never reads it as a profile),
+    in Redis for redis:// (shared by every replica)."""
     text = str(url).strip()
     parts = urlsplit(text)
     scheme = parts.scheme.lower() if "://" in text else ""
@@ -88,4 +89,4 @@ def open_online_store(
         return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries)
     root = Path(unquote(parts.path) if scheme == "file" else text)
     return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries,
-                             path=root / "online-state.json")
+                             path=root / "online" / "state.json")

@@ -111,6 +111,9 @@ def test_file_backend_keeps_statistics_across_a_restart(tmp_path: Path) -> None:
     assert second.get_evidence("f0") is None  # evidence is short-lived: not persisted
     second.reset(KEY)
     assert open_online_store(str(tmp_path)).snapshot(KEY, 2).count == 0
+    from calibration_store import open_store
+
+    assert not open_store(str(tmp_path)).health().get("errors")  # not read as a profile
 
 
 def test_the_refresh_prior_comes_from_feedback_or_every_served_request() -> None:
