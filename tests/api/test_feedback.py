@@ -253,3 +253,17 @@ class _AsyncBridge:
 
     async def aclose(self) -> None:
         return None
+
+
+def test_file_backend_keeps_feedback_across_a_restart(make_client, items, calibrate_json,
+                                                      tmp_path):  # fmt: skip
+    first = _calibrated(make_client, calibrate_json, store_url=str(tmp_path))
+    rid = _retrieve(first, items[0])
+    assert first.post("/v1/feedback", json={"request_id": rid, "answer": 1}).json()["counted"]
+    first.__exit__(None, None, None)
+    second = make_client(store_url=str(tmp_path))
+    assert second.get("/readyz").json()["store"].get("unreadable_profiles") is None
+    online = second.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert online["feedback"] == 1 and online["served_requests"] == 1
+    r = second.post("/v1/feedback", json={"request_id": rid, "answer": 1})
+    assert r.status_code == 404  # the evidence itself is short-lived: not persisted
