@@ -162,6 +162,8 @@ def test_a_refresh_that_would_lose_accuracy_stays_a_candidate(make_client, runne
     forced = client.post("/v1/profiles/default/refresh", params={"n": N, "force": True}).json()
     assert forced["live"] is True and forced["version"] == 2
     assert forced["provenance"]["feedback"] == 90 and forced["provenance"]["forced"] is True
+    back = client.post("/v1/profiles/default/rollback", params={"n": N})
+    assert back.status_code == 200 and back.json()["version"] == 1
     metrics = client.get("/metrics").text
     assert metric_value(metrics, "lad_profile_refreshes_total", decision="candidate") == 1
     assert metric_value(metrics, "lad_profile_refreshes_total", decision="live") == 1
