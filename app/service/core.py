@@ -36,10 +36,12 @@ from app.schemas import (
     RetrieveDetails,
     RetrieveResponse,
 )
+from app.service.feedback import OnlineService, calibration_record
 from app.service.profiles import ProfileService, calibration_of
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
-from calibration_store import Profile, ProfileStore
+from calibration_store import OnlineStore, Profile, ProfileStore
+from calibration_store.evidence import MemoryOnlineStore
 
 _PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s")
 """What /readyz shows of the store's health (never paths or error strings: those are logged)."""
@@ -53,7 +55,8 @@ class Service:
     """One model, one queue, one store: everything the routes need."""
 
     def __init__(
-        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics
+        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics,
+        online: OnlineStore | None = None,
     ) -> None:
         self.settings = settings
         self.runner = runner
@@ -69,6 +72,11 @@ class Service:
             top_k=settings.top_k, tau=settings.tau,
             posterior_variant=settings.posterior_variant, mixture=settings.mixture,
             sink_guard=settings.sink_guard,
+        )  # fmt: skip
+        self.online = OnlineService(
+            settings, self.profiles, online or MemoryOnlineStore(
+                ttl_s=settings.evidence_ttl_s, max_entries=settings.evidence_max_entries),
+            self.method_config,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
         metrics.watch_store(lambda: bool(store.health().get("ok", False)))
@@ -210,7 +218,12 @@ class Service:
             method=method, debiased=debiased,
             profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
             model=self.model_id, timings_ms=timings, details=details,
+            request_id=errors.REQUEST_ID.get(),
         )  # fmt: skip
+        key = stored.key if stored else self.profiles.key(
+            profile, self.profiles.fingerprint(spec, n).label_scheme, n)
+        await self.online.remember(response.request_id, key, stored.version if stored else None,
+                                   s, a)  # fmt: skip
         timings["encode"] = response.timings_ms["encode"] = _ms(t2)
         self._observe(timings, results, method)
         return response
@@ -297,16 +310,16 @@ class Service:
         works = [Work(RetrievalItem(query, images), spec) for query, images in instances]
         results = await self.worker.run(works, bulk=True)
         scores = np.stack([r.scores for r in results])
-        calibration = estimate_calibration(
-            scores, np.stack([r.attention for r in results]), gt
-        )
+        attention = np.stack([r.attention for r in results])
+        calibration = estimate_calibration(scores, attention, gt)
+        online = calibration_record(scores, attention, gt, n, self.method_config)
         hyper = {**self.settings.method_hyperparameters(), "num_examples": len(request.examples)}
         profile = Profile.create(
             name=request.profile, fingerprint=fingerprint, layers=list(self.runner.layers),
             bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
             num_examples=len(request.examples), num_forward_passes=len(works),
             hyperparameters=hyper, calibration_position_share=raw_position_share(scores),
-            sink_layers=[self.runner.layers[i] for i in calibration.sink_layers],
+            sink_layers=[self.runner.layers[i] for i in calibration.sink_layers], **online,
         )  # fmt: skip
         stored = await self.profiles.put(profile)
         logs.note(version=stored.version)
@@ -317,5 +330,5 @@ class Service:
             attention_prior=stored.attention_prior, layers=stored.layers,
             sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters,
             created_at=stored.created_at,
-            duration_s=round(time.perf_counter() - t0, 4),
+            duration_s=round(time.perf_counter() - t0, 4), diagnostics=stored.diagnostics,
         )  # fmt: skip
