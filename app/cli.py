@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "measure resident memory of large-image requests (one and four at once)"),
     "bench soak": ("app.bench.soak",
                    "drive mixed traffic for M minutes: errors, p99 per minute, memory growth"),
+    "bench online": ("app.bench.online",
+                     "time the evidence cache and feedback per store backend (online calibration)"),
     "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),

@@ -32,11 +32,13 @@ from pydantic import BaseModel
 
 from app.schemas import (
     CalibrateResponse,
+    FeedbackResponse,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
     ProfileSummary,
     Readiness,
+    RefreshResponse,
     RerankResponse,
     RetrieveResponse,
 )
@@ -148,8 +150,13 @@ class _Api:
         ``request`` arguments of an attempt and receives its response (or has the
         connection error thrown in), yields a float to wait that many seconds, and
         returns the parsed answer or raises."""
-        request = {"method": call.verb, "url": call.path, "json": call.json,
-                   "params": call.params, "headers": self.headers(call, request_id)}
+        request = {
+            "method": call.verb,
+            "url": call.path,
+            "json": call.json,
+            "params": call.params,
+            "headers": self.headers(call, request_id),
+        }
         for attempt in range(self.retry.retries + 1):
             last = attempt == self.retry.retries
             try:
@@ -213,6 +220,16 @@ class _Api:
             params["version"] = version
         return _Call("POST", f"/v1/profiles/{name}/rollback", ProfileRolledBack, admin=True,
                      params=params)  # fmt: skip
+
+    @staticmethod
+    def feedback(request_id: str, answer: int) -> _Call:
+        body = {"request_id": request_id, "answer": int(answer)}
+        return _Call("POST", "/v1/feedback", FeedbackResponse, json=body)
+
+    @staticmethod
+    def refresh(name: str, n: int, labels: str, force: bool) -> _Call:
+        return _Call("POST", f"/v1/profiles/{name}/refresh", RefreshResponse, admin=True,
+                     params={"n": n, "labels": labels, "force": force})  # fmt: skip
 
     @staticmethod
     def delete(name: str, n: int, labels: str) -> _Call:
@@ -305,6 +322,16 @@ class LadClient:
     def delete(self, name: str, n: int, labels: str = "digits") -> ProfileDeleted:
         return self._send(self._api.delete(name, n, labels))
 
+    def feedback(self, request_id: str, answer: int) -> FeedbackResponse:
+        """Which image of the retrieval ``request_id`` (its response's ``request_id``) was
+        right; idempotent, so it is safe to retry."""
+        return self._send(self._api.feedback(request_id, answer))
+
+    def refresh(self, name: str, n: int, labels: str = "digits",
+                force: bool = False) -> RefreshResponse:  # fmt: skip
+        """Blend the feedback into profile ``name`` (live only if not less accurate)."""
+        return self._send(self._api.refresh(name, n, labels, force))
+
     def ready(self) -> Readiness:
         """Readiness, also when not ready (503 answers carry the same body)."""
         response = self._http.get("/readyz")
@@ -388,6 +415,13 @@ class AsyncLadClient:
 
     async def delete(self, name: str, n: int, labels: str = "digits") -> ProfileDeleted:
         return await self._send(self._api.delete(name, n, labels))
+
+    async def feedback(self, request_id: str, answer: int) -> FeedbackResponse:
+        return await self._send(self._api.feedback(request_id, answer))
+
+    async def refresh(self, name: str, n: int, labels: str = "digits",
+                      force: bool = False) -> RefreshResponse:  # fmt: skip
+        return await self._send(self._api.refresh(name, n, labels, force))
 
     async def ready(self) -> Readiness:
         response = await self._http.get("/readyz")

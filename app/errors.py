@@ -176,6 +176,21 @@ class NoPreviousVersion(ServiceError):
     meaning = "rollback asked for, but no older version is kept"
 
 
+class RequestNotFound(ServiceError):
+    code, status = "request_not_found", 404
+    meaning = "feedback for a request id whose evidence is unknown or expired (LAD_EVIDENCE_TTL_S)"
+
+
+class ProfileGone(ServiceError):
+    code, status = "profile_deleted", 409
+    meaning = "feedback for a request whose profile has since been deleted (or never existed)"
+
+
+class RefreshUnavailable(ServiceError):
+    code, status = "refresh_unavailable", 409
+    meaning = "the current version keeps no offline statistics to blend feedback into; recalibrate"
+
+
 # --- the service's state -------------------------------------------------------------------
 class Overloaded(ServiceError):
     code, status = "overloaded", 429
@@ -211,7 +226,8 @@ ERRORS: tuple[type[ServiceError], ...] = (
     ImageTooLarge, PayloadTooLarge, RequestTimeout, TooManyImages, TooFewImages, InvalidQuery,
     InvalidLabels, InvalidCalibration, UnsupportedMediaType, Unauthorized, Forbidden, NotFound,
     MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch, NoPreviousVersion,
-    Overloaded, NotReady, StoreUnavailable, EngineFailure, InternalError,
+    RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady, StoreUnavailable,
+    EngineFailure, InternalError,
 )  # fmt: skip
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 

@@ -24,7 +24,7 @@ from app.errors import install_error_handlers
 from app.metrics import Metrics, RequestMetricsMiddleware
 from app.service import Service
 from app.settings import Settings
-from calibration_store import ProfileStore, open_store
+from calibration_store import OnlineStore, ProfileStore, open_online_store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def open_store_from_settings(settings: Settings) -> ProfileStore:
                       key_prefix=settings.store_key_prefix, poll_interval=settings.store_poll_s)
 
 
+def open_online_store_from_settings(settings: Settings) -> OnlineStore:
+    return open_online_store(settings.store_url, key_prefix=settings.store_key_prefix,
+                             ttl_s=settings.evidence_ttl_s,
+                             max_entries=settings.evidence_max_entries)  # fmt: skip
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -67,7 +73,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         the_runner = runner or await run_in_threadpool(load_runner_from_settings, settings)
         the_store = store or await run_in_threadpool(open_store_from_settings, settings)
-        service = Service(settings, the_runner, the_store, metrics)
+        online = await run_in_threadpool(open_online_store_from_settings, settings)
+        service = Service(settings, the_runner, the_store, metrics, online=online)
         service.start()
         app.state.service = service
         log.info("serving %s with store %s", service.model_id, the_store.health().get("backend"))
@@ -76,6 +83,7 @@ def create_app(
         finally:
             app.state.service = None
             service.stop()
+            online.close()
             if store is None:
                 the_store.close()
 

@@ -236,6 +236,14 @@ class Metrics:
             "lad_store_degraded", "1 while the store is unreachable and the replica serves "
             "its cached profiles, else 0", registry=r,
         )  # fmt: skip
+        self.feedback = Counter("lad_feedback", "POST /v1/feedback answers by outcome "
+                                "(counted, duplicate)", ["outcome"], registry=r)  # fmt: skip
+        self.refreshes = Counter("lad_profile_refreshes", "Profile refreshes by decision "
+                                 "(live, candidate)", ["decision"], registry=r)  # fmt: skip
+        for outcome in ("counted", "duplicate"):
+            self.feedback.labels(outcome=outcome)
+        for decision in ("live", "candidate"):
+            self.refreshes.labels(decision=decision)
 
     # ------------------------------------------------------------------ observations
     def observe_stages(self, timings_ms: dict[str, float], method: str) -> None:

@@ -71,6 +71,28 @@ class Settings(BaseSettings):
         "lad", min_length=1, description="Redis key prefix (several deployments in one Redis)"
     )
 
+    # --- online calibration (README "Online calibration") --------------------------------
+    evidence_ttl_s: float = Field(
+        900.0, gt=0, description="how long a retrieval's evidence (scores, attention) waits "
+        "for POST /v1/feedback"
+    )
+    evidence_max_entries: int = Field(
+        100_000, ge=1, description="most evidence entries kept (oldest dropped first)"
+    )
+    feedback_min_row_count: int = Field(
+        20, ge=1, description="feedback instances a row of L_obs needs before refresh uses it"
+    )
+    refresh_min_holdout: int = Field(
+        20, ge=1, description="held-out feedback a refresh needs to be judged (else candidate)"
+    )
+    feedback_refresh_every: int = Field(
+        0, ge=0, description="refresh automatically after this much new feedback (0: off)"
+    )
+    refresh_prior: Literal["feedback", "served"] = Field(
+        "feedback", description="refresh's prior P from the labelled feedback, or from every "
+        "served request (P needs no labels)"
+    )
+
     # --- input limits (README "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
     max_rerank_candidates: int = Field(

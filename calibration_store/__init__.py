@@ -11,7 +11,8 @@ from calibration_store.base import (
     StoreError,
     StoreUnavailable,
 )
-from calibration_store.factory import open_store
+from calibration_store.evidence import Evidence, FeedbackResult, FeedbackSnapshot, OnlineStore
+from calibration_store.factory import open_online_store, open_store
 from calibration_store.local import FileProfileStore, MemoryProfileStore
 from calibration_store.profile import (
     CURRENT_SCHEMA_VERSION,
@@ -24,10 +25,14 @@ from calibration_store.profile import (
 __all__ = [
     "CURRENT_SCHEMA_VERSION",
     "DEFAULT_KEEP_VERSIONS",
+    "Evidence",
+    "FeedbackResult",
+    "FeedbackSnapshot",
     "FileProfileStore",
     "Fingerprint",
     "MemoryProfileStore",
     "NoPreviousVersion",
+    "OnlineStore",
     "Profile",
     "ProfileKey",
     "ProfileNotFound",
@@ -35,5 +40,6 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnknownSchemaVersion",
+    "open_online_store",
     "open_store",
 ]

@@ -1,4 +1,5 @@
-"""`open_store(url)`: one entry point that picks the backend from the URL scheme."""
+"""`open_store(url)`: one entry point that picks the backend from the URL scheme (and
+`open_online_store(url)`, the online calibration state beside it)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from calibration_store.base import DEFAULT_KEEP_VERSIONS, ProfileStore
+from calibration_store.evidence import MemoryOnlineStore, OnlineStore
 from calibration_store.local import FileProfileStore, MemoryProfileStore
 
 
@@ -61,3 +63,30 @@ def open_store(
         f"unknown profile store scheme {parts.scheme!r} in {text!r}; "
         "use memory://, a directory path, file:///abs/dir or redis://host:port/db"
     )
+
+
+def open_online_store(
+    url: str | Path,
+    *,
+    key_prefix: str = "lad",
+    ttl_s: float = 900.0,
+    max_entries: int = 100_000,
+    socket_timeout: float = 2.0,
+) -> OnlineStore:
+    """The evidence cache and feedback statistics beside the profiles of ``url``: in
+    process for memory:// (and for a directory, with the statistics persisted in it as
+    ``online/state.json``: a subfolder, so the profile store never reads it as a profile),
+    in Redis for redis:// (shared by every replica)."""
+    text = str(url).strip()
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower() if "://" in text else ""
+    if scheme in ("redis", "rediss"):
+        from calibration_store.redis_online import RedisOnlineStore
+
+        return RedisOnlineStore(text, key_prefix=key_prefix, ttl_s=ttl_s,
+                                max_entries=max_entries, socket_timeout=socket_timeout)
+    if scheme == "memory":
+        return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries)
+    root = Path(unquote(parts.path) if scheme == "file" else text)
+    return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries,
+                             path=root / "online" / "state.json")

@@ -124,6 +124,22 @@ class Profile(_FingerprintFields):
         "Absent in profiles written before it was recorded.",
     )
 
+    calibration_statistics: dict[str, Any] | None = Field(
+        default=None,
+        description="the offline calibration's sums and counts (row_sums, row_counts, "
+        "prior_sums, prior_count; DESIGN §2.8) that online refresh blends feedback into",
+    )
+    provenance: dict[str, Any] | None = Field(
+        default=None,
+        description="how this version was derived: offline, or refreshed from feedback "
+        "(feedback count, window, held-out accuracies)",
+    )
+    diagnostics: dict[str, Any] | None = Field(
+        default=None,
+        description="calibration diagnostics: leave-one-example-out accuracy per method, "
+        "bootstrap spread of B",
+    )
+
     @field_validator("schema_version")
     @classmethod
     def _known_schema(cls, v: int) -> int:
@@ -142,13 +158,13 @@ class Profile(_FingerprintFields):
     def _layers_to_list(cls, v: Any) -> Any:
         return [int(x) for x in v] if isinstance(v, np.ndarray | tuple) else v
 
-    @field_validator("hyperparameters")
+    @field_validator("hyperparameters", "calibration_statistics", "provenance", "diagnostics")
     @classmethod
-    def _json_hyperparameters(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _json_hyperparameters(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         try:
             json.dumps(v, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"hyperparameters must be finite JSON values: {exc}") from exc
+            raise ValueError(f"must hold finite JSON values only: {exc}") from exc
         return v
 
     @field_validator("created_at")
@@ -221,6 +237,7 @@ class Profile(_FingerprintFields):
         notes: str | None = None,
         sink_layers: Any = (),
         calibration_position_share: Any = None,
+        **online: Any,
     ) -> Profile:
         """Build an unstored profile from a runner fingerprint and the estimates."""
         fp = Fingerprint.of(fingerprint)
@@ -236,6 +253,7 @@ class Profile(_FingerprintFields):
             notes=notes,
             sink_layers=[int(x) for x in sink_layers],
             calibration_position_share=calibration_position_share,
+            **online,
         )
 
     def stored_as(self, version: int, created_at: datetime | None = None) -> Profile:

@@ -47,6 +47,13 @@ ROUTE_ERRORS: dict[Route, tuple[type[errors.ServiceError], ...]] = {
     ("POST", "/v1/profiles/{name}/rollback"): (
         *MODEL, *PROFILE_KEY, *ADMIN, errors.NoPreviousVersion,
     ),
+    ("POST", "/v1/feedback"): (
+        *ANY, errors.InvalidRequest, errors.NotReady, *BODY, *AUTH, errors.RequestNotFound,
+        errors.ProfileGone, errors.StoreUnavailable,
+    ),
+    ("POST", "/v1/profiles/{name}/refresh"): (
+        *MODEL, *PROFILE_KEY, *ADMIN, errors.RefreshUnavailable,
+    ),
     ("GET", "/healthz"): ANY,
     ("GET", "/readyz"): (*ANY, errors.NotReady),
     ("GET", "/metrics"): ANY,

@@ -84,13 +84,125 @@ def multi_n_instances(
     }
 
 
-def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Calibration:
-    """B and κ̂ from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N)."""
-    return Calibration(
-        bias_matrix=debias.estimate_bias_matrix(scores, gt_positions),
-        attention_prior=debias.estimate_attention_prior(attention),
-        kappa=debias.visual_gain(debias.observed_matrix(scores, gt_positions)),
+@dataclass(frozen=True)
+class CalibrationStats:
+    """The sufficient statistics of §2.3 in sums-and-counts form (DESIGN §2.8).
+
+    Every estimate of a calibration is a mean of per-instance evidence, so offline
+    calibration (rotated examples) and online feedback (served requests) accumulate the
+    same sums and are combined by adding them:
+
+    - ``row_sums`` (N, N): row t = Σ s over the instances whose GT sat at t; ``row_counts``
+      (N,) how many; Lobs[t] = row_sums[t] / row_counts[t].
+    - ``prior_sums`` (|Λ|, N): Σ a^(l) over instances; ``prior_count`` how many; P = the mean.
+    """
+
+    row_sums: np.ndarray
+    row_counts: np.ndarray
+    prior_sums: np.ndarray
+    prior_count: int
+
+    @classmethod
+    def empty(cls, n: int, layers: int) -> CalibrationStats:
+        return cls(np.zeros((n, n)), np.zeros(n, dtype=np.int64), np.zeros((layers, n)), 0)
+
+    @classmethod
+    def from_evidence(cls, scores: Any, attention: Any, gt_positions: Any) -> CalibrationStats:
+        """Sums over R instances: scores (R, N) with their GT positions (R,), attention
+        (R, |Λ|, N)."""
+        s = np.asarray(scores, dtype=np.float64)
+        a = np.asarray(attention, dtype=np.float64)
+        gt = np.asarray(gt_positions, dtype=np.int64)
+        if s.ndim != 2 or a.ndim != 3 or gt.shape != (s.shape[0],) or a.shape[0] != s.shape[0]:
+            raise ValueError(
+                f"need scores (R, N), attention (R, |Λ|, N), gt (R,); got {s.shape}, "
+                f"{a.shape}, {gt.shape}"
+            )
+        n = s.shape[1]
+        if np.any(gt < 0) or np.any(gt >= n):
+            raise ValueError(f"gt_positions must lie in 0..{n - 1}")
+        row_sums = np.zeros((n, n))
+        np.add.at(row_sums, gt, s)
+        return cls(row_sums, np.bincount(gt, minlength=n).astype(np.int64), a.sum(axis=0),
+                   int(a.shape[0]))  # fmt: skip
+
+    @property
+    def n(self) -> int:
+        return int(self.row_sums.shape[0])
+
+    def __add__(self, other: CalibrationStats) -> CalibrationStats:
+        return CalibrationStats(
+            self.row_sums + other.row_sums, self.row_counts + other.row_counts,
+            self.prior_sums + other.prior_sums, self.prior_count + other.prior_count,
+        )  # fmt: skip
+
+    def observed_matrix(self) -> np.ndarray:
+        """Lobs (N, N); every row needs at least one instance."""
+        missing = np.flatnonzero(self.row_counts == 0)
+        if missing.size:
+            raise ValueError(
+                f"no calibration instance has its GT at position(s) {missing.tolist()}; "
+                "use all N rotations of each calibration example"
+            )
+        return self.row_sums / self.row_counts[:, None]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON lists (what a profile stores)."""
+        return {
+            "row_sums": self.row_sums.tolist(), "row_counts": self.row_counts.tolist(),
+            "prior_sums": self.prior_sums.tolist(), "prior_count": int(self.prior_count),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationStats:
+        return cls(
+            np.asarray(data["row_sums"], dtype=np.float64),
+            np.asarray(data["row_counts"], dtype=np.int64),
+            np.asarray(data["prior_sums"], dtype=np.float64),
+            int(data["prior_count"]),
+        )
+
+
+def blend(
+    offline: CalibrationStats, feedback: CalibrationStats, min_row_count: int
+) -> CalibrationStats:
+    """Offline statistics plus feedback, count-weighted (DESIGN §2.8).
+
+        Lobs[t] = (S_off[t] + [c_fb[t] >= m]·S_fb[t]) / (c_off[t] + [c_fb[t] >= m]·c_fb[t])
+        P       = (A_off + A_fb) / (n_off + n_fb)
+
+    A row with fewer than ``m = min_row_count`` feedback instances keeps its offline value
+    (a handful of labels would only add noise); the prior needs no labels and always blends.
+    """
+    if feedback.row_sums.shape != offline.row_sums.shape or (
+        feedback.prior_sums.shape != offline.prior_sums.shape
+    ):
+        raise ValueError("offline and feedback statistics have different shapes")
+    trusted = feedback.row_counts >= max(1, min_row_count)
+    return CalibrationStats(
+        offline.row_sums + np.where(trusted[:, None], feedback.row_sums, 0.0),
+        offline.row_counts + np.where(trusted, feedback.row_counts, 0),
+        offline.prior_sums + feedback.prior_sums,
+        offline.prior_count + feedback.prior_count,
     )
+
+
+def estimate_from_stats(stats: CalibrationStats) -> Calibration:
+    """B and κ̂ from the row means of the observed scores, P from the mean attention."""
+    if stats.prior_count < 1:
+        raise ValueError("no attention evidence: the prior needs at least one instance")
+    l_obs = stats.observed_matrix()
+    return Calibration(
+        bias_matrix=debias.bias_from_observed(l_obs),
+        attention_prior=stats.prior_sums / stats.prior_count,
+        kappa=debias.visual_gain(l_obs),
+    )
+
+
+def estimate_calibration(scores: Any, attention: Any, gt_positions: Any) -> Calibration:
+    """B and κ̂ from the scores (R, N) by GT position (R,), P from the attention (R, |Λ|, N):
+    the same estimator as online refresh, through the sums of ``CalibrationStats``."""
+    return estimate_from_stats(CalibrationStats.from_evidence(scores, attention, gt_positions))
 
 
 def raw_position_share(scores: Any) -> np.ndarray:

@@ -191,7 +191,13 @@ def estimate_bias_matrix(scores: Any, gt_positions: Any) -> np.ndarray:
     differences B[t,j] − B[t,j'] are exactly Lobs[t,j] − Lobs[t,j'] (the bias log-ratio).
     Every position 0..N-1 must hold the GT at least once.
     """
-    l_obs = observed_matrix(scores, gt_positions)
+    return bias_from_observed(observed_matrix(scores, gt_positions))
+
+
+def bias_from_observed(l_obs: Any) -> np.ndarray:
+    """B = Lobs − I (N, N) from an observed matrix however its rows were averaged
+    (rotated calibration instances, production feedback, or both)."""
+    l_obs = _array(l_obs, "l_obs", (2,))
     n = l_obs.shape[0]
     kappa = visual_gain(l_obs)
     mu = float(np.mean(l_obs))

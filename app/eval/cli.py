@@ -19,6 +19,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from app.engine.debias import MIXTURES, VARIANTS
 from app.engine.labels import SCHEMES
@@ -96,6 +97,23 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     add("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap" + d)
     add("--out", type=Path, default=Path("runs/eval"), help="output folder" + d)
     add("--quiet", action="store_true", help="no progress bar")
+    stream = p.add_argument_group("streaming mode (online calibration, README)")
+    stream.add_argument("--stream", action="store_true", help="replay --items as traffic "
+                        "(first -n and --setting) with feedback and online refresh")  # fmt: skip
+    stream.add_argument("--feedback-rate", type=float, default=0.3,
+                        help="share of requests that get feedback" + d)  # fmt: skip
+    stream.add_argument("--window", type=int, default=100, help="requests per window" + d)
+    stream.add_argument("--refresh-every", type=int, default=50,
+                        help="refresh after this much new feedback" + d)  # fmt: skip
+    stream.add_argument("--min-row-count", type=int, default=20,
+                        help="feedback a row of L_obs needs to be used" + d)  # fmt: skip
+    stream.add_argument("--min-holdout", type=int, default=20,
+                        help="held-out feedback the guard needs" + d)  # fmt: skip
+    stream.add_argument("--prior-from", choices=("feedback", "served"), default="feedback",
+                        help="refresh's prior P: feedback or every request" + d)  # fmt: skip
+    stream.add_argument("--drift-prompt-variant", choices=PROMPT_VARIANTS, default=None,
+                        help="calibrate the drifted start with this prompt variant "
+                        "(with --calibration-setting: on that setting)")  # fmt: skip
     return p
 
 
@@ -122,6 +140,8 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     config.cot_max_new_tokens = config.cot_max_new_tokens or settings.cot_max_new_tokens
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
                          threads=config.threads)  # fmt: skip
+    if config.stream:
+        return _stream(runner, config)
     from app.eval.harness import run_evaluation
 
     metrics = run_evaluation(runner, config)
@@ -133,6 +153,33 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
                   f"{m['acc_ci'][1]:5.1f}]  RStd {m['rstd']:5.1f} (floor "
                   f"{m['rstd_noise_floor']:4.1f})  cons {m['cons']:5.1f}")  # fmt: skip
     print(f"\n{config.out}/report.md  ({metrics['config']['wall_s']} s)")
+    return 0
+
+
+def _stream(runner: object, config: EvalConfig) -> int:
+    from app.eval.stream import StreamSetup, run_stream
+
+    drift = None
+    if config.drift_prompt_variant is not None:
+        from app.engine.runner import Runner
+
+        r: Any = runner  # the same loaded model, another prompt (as the instruction baseline)
+        drift = Runner(r.adapter, model_id=r.model_id, revision=r.revision, layers=r.layers,
+                       prompt_variant=config.drift_prompt_variant)  # fmt: skip
+    setup = StreamSetup(
+        feedback_rate=config.feedback_rate, window=config.window,
+        refresh_every=config.refresh_every, min_row_count=config.min_row_count,
+        min_holdout=config.min_holdout, seed=config.ordering_seed, bootstrap=config.bootstrap,
+        prior=config.prior_from,
+    )  # fmt: skip
+    result = run_stream(runner, config, setup, drift_runner=drift)
+    s = result["summary"]
+    print(f"last {s['tail_requests']} requests: " + ", ".join(
+        f"{m} {v:.1f}" for m, v in s["acc"].items()))  # fmt: skip
+    gap, got = f"{s['gap_points']:+.1f} {s['gap_ci']}", f"{s['recovered_points']:+.1f}"
+    print(f"gap {gap}, recovered {got} {s['recovered_ci']}, share {s['recovered_share']} "
+          f"{s['recovered_share_ci']}")  # fmt: skip
+    print(f"{config.out}/stream.md  ({result['wall_s']} s)")
     return 0
 
 

@@ -81,6 +81,15 @@ class EvalConfig:
     bootstrap_seed: int = BOOTSTRAP_SEED
     progress: bool = True
     command: str = ""
+    # streaming mode (app.eval.stream)
+    stream: bool = False
+    feedback_rate: float = 0.3
+    window: int = 100
+    refresh_every: int = 50
+    min_row_count: int = 20
+    min_holdout: int = 20
+    drift_prompt_variant: str | None = None
+    prior_from: str = "feedback"
 
     def method_config(self) -> MethodConfig:
         return MethodConfig(

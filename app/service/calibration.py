@@ -18,14 +18,15 @@ from starlette.concurrency import run_in_threadpool
 from app import errors, logs
 from app.decode import Decoder
 from app.engine.calibrate import (
-    Calibration,
     estimate_calibration,
     multi_n_instances,
     raw_position_share,
 )
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec
+from app.engine.methods import MethodConfig
 from app.schemas import CalibratedN, CalibrateRequest, CalibrateResponse
+from app.service.feedback import calibration_record
 from app.service.profiles import ProfileService
 from app.service.worker import ModelWorker, Work
 from app.settings import Settings
@@ -40,6 +41,8 @@ class Service(Protocol):
     decoder: Decoder
     profiles: ProfileService
     worker: ModelWorker
+
+    method_config: MethodConfig
 
     @property
     def model_id(self) -> str: ...
@@ -64,12 +67,16 @@ def build_profile(
     service: Service,
     name: str,
     fingerprint: Fingerprint,
-    calibration: Calibration,
     scores: np.ndarray,
+    attention: np.ndarray,
+    gt: np.ndarray,
     num_examples: int,
     extra: dict[str, object] | None = None,
 ) -> Profile:
-    """The profile a calibration's estimates (and its instances' raw scores) make."""
+    """The profile of one N from its rotated instances' evidence: B and P, the raw position
+    share, and what online calibration keeps (offline sums, provenance, diagnostics)."""
+    calibration = estimate_calibration(scores, attention, gt)
+    n = int(scores.shape[1])
     layers = list(service.runner.layers)
     hyper = {**service.settings.method_hyperparameters(), "num_examples": num_examples,
              **(extra or {})}  # fmt: skip
@@ -79,6 +86,7 @@ def build_profile(
         num_examples=num_examples, num_forward_passes=len(scores), hyperparameters=hyper,
         calibration_position_share=raw_position_share(scores),
         sink_layers=[layers[i] for i in calibration.sink_layers],
+        **calibration_record(scores, attention, gt, n, service.method_config),
     )  # fmt: skip
 
 
@@ -94,7 +102,7 @@ def calibrated_response(
         attention_prior=stored.attention_prior, layers=stored.layers,
         sink_layers=stored.sink_layers, hyperparameters=stored.hyperparameters,
         created_at=stored.created_at, duration_s=round(time.perf_counter() - t0, 4),
-        per_n=per_n,
+        diagnostics=stored.diagnostics, per_n=per_n,
     )  # fmt: skip
 
 
@@ -143,10 +151,10 @@ async def calibrate_sizes(
         instances, gt = plan[n]
         batch = [next(results) for _ in instances]
         scores = np.stack([r.scores for r in batch])
-        calibration = estimate_calibration(scores, np.stack([r.attention for r in batch]), gt)
+        attention = np.stack([r.attention for r in batch])
         passes[n] = len(instances)
         profiles.append(build_profile(
-            service, request.profile, fingerprints[n], calibration, scores,
+            service, request.profile, fingerprints[n], scores, attention, gt,
             len(request.examples), {"negatives_seed": request.seed,
                                     "candidates": min(len(ex.images) for ex in request.examples)},
         ))  # fmt: skip

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from app import errors, logs
 from app.decode import Decoder, ImageInput
 from app.engine import debias
-from app.engine.calibrate import calibration_instances, estimate_calibration
+from app.engine.calibrate import calibration_instances
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec, scheme_name
 from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
@@ -33,10 +33,12 @@ from app.schemas import (
     RetrieveResponse,
 )
 from app.service.calibration import build_profile, calibrate_sizes, calibrated_response
+from app.service.feedback import OnlineService
 from app.service.profiles import ProfileService, calibration_of
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
-from calibration_store import Profile, ProfileStore
+from calibration_store import OnlineStore, Profile, ProfileStore
+from calibration_store.evidence import MemoryOnlineStore
 
 _PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s")
 """What /readyz shows of the store's health (never paths or error strings: those are logged)."""
@@ -50,7 +52,8 @@ class Service:
     """One model, one queue, one store: everything the routes need."""
 
     def __init__(
-        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics
+        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics,
+        online: OnlineStore | None = None,
     ) -> None:
         self.settings = settings
         self.runner = runner
@@ -66,6 +69,11 @@ class Service:
             top_k=settings.top_k, tau=settings.tau,
             posterior_variant=settings.posterior_variant, mixture=settings.mixture,
             sink_guard=settings.sink_guard,
+        )  # fmt: skip
+        self.online = OnlineService(
+            settings, self.profiles, online or MemoryOnlineStore(
+                ttl_s=settings.evidence_ttl_s, max_entries=settings.evidence_max_entries),
+            self.method_config,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
         metrics.watch_store(lambda: bool(store.health().get("ok", False)))
@@ -208,7 +216,12 @@ class Service:
             method=method, debiased=debiased,
             profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
             model=self.model_id, timings_ms=timings, details=details,
+            request_id=errors.REQUEST_ID.get(),
         )  # fmt: skip
+        key = stored.key if stored else self.profiles.key(
+            profile, self.profiles.fingerprint(spec, n).label_scheme, n)
+        await self.online.remember(response.request_id, key, stored.version if stored else None,
+                                   s, a)  # fmt: skip
         timings["encode"] = response.timings_ms["encode"] = _ms(t2)
         self._observe(timings, results, method)
         return response
@@ -297,9 +310,9 @@ class Service:
         works = [Work(RetrievalItem(query, images), spec) for query, images in instances]
         results = await self.worker.run(works, bulk=True)
         scores = np.stack([r.scores for r in results])
-        calibration = estimate_calibration(scores, np.stack([r.attention for r in results]), gt)
+        attention = np.stack([r.attention for r in results])
         profile = build_profile(
-            self, request.profile, fingerprint, calibration, scores, len(request.examples)
+            self, request.profile, fingerprint, scores, attention, gt, len(request.examples)
         )
         stored = await self.profiles.put(profile)
         logs.note(version=stored.version)

@@ -20,7 +20,7 @@ from app.decode import ImageInput
 from app.engine import debias
 from app.engine.interface import RetrievalItem
 from app.engine.labels import label_spec
-from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
+from app.engine.methods import NEEDS_CALIBRATION, apply_method, passes
 from app.engine.tournament import Tournament, window_sizes
 from app.schemas import RerankMeta, RerankOptions, RerankResponse, RerankResult
 from app.service.calibration import Service as CalibratingService
@@ -30,9 +30,7 @@ from calibration_store import Profile
 
 
 class Service(CalibratingService, Protocol):
-    """What a rerank needs of ``app.service.core.Service`` beyond a calibration."""
-
-    method_config: MethodConfig
+    """What a rerank needs of ``app.service.core.Service`` (what a calibration needs)."""
 
 
 def _calibrated_sizes(service: Service, profile: str, scheme: str) -> list[int]:

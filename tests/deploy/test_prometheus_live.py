@@ -101,12 +101,19 @@ class Prometheus:
                 self.proc.wait(10)
 
 
-def traffic(url: str) -> None:
-    """A calibration, debiased and vanilla answers, a perm_avg, a fallback, a 4xx."""
+def traffic(url: str, prometheus: Prometheus) -> None:
+    """A calibration, debiased and vanilla answers, a perm_avg, a fallback, a 4xx.
+
+    One debiased answer goes first and is scraped before the rest: `increase()` needs a
+    counter series to be seen at least twice, and a series born between two scrapes
+    shows no increase at all (in production the counters live long; here they are new).
+    """
     items = make_items(6, n_candidates=4, seed="eval")
     with httpx.Client(base_url=url, timeout=120) as http:
         calibration = calibration_body(make_items(3, n_candidates=4, seed="calibration"))
         assert http.post("/v1/calibrate", json=calibration).status_code == 200
+        assert http.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 200
+        prometheus.wait_for('lad_predicted_position_total{kind="raw"}')
         for item in items:
             assert http.post("/v1/retrieve", json=retrieve_body(item)).status_code == 200
         for method in ("vanilla", "perm_avg", "pride"):
@@ -122,13 +129,14 @@ def traffic(url: str) -> None:
 def test_prometheus_evaluates_every_dashboard_query_and_rule_on_a_live_service(tmp_path):
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
-    service = LiveService(tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true"})
+    service = LiveService(tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true",
+                                      "LAD_OVERHEAD_SAMPLE_RATE": "1"})
     prometheus = Prometheus(prom_dir, f"127.0.0.1:{service.port}")
     try:
         service.start()
         prometheus.start()
         prometheus.wait_for('up{job="lad-serve"} == 1')
-        traffic(service.url)
+        traffic(service.url, prometheus)
         # two more scrapes after the traffic, and the recording rules evaluated on them
         prometheus.wait_for('count_over_time(up{job="lad-serve"}[1m]) >= 5')
         prometheus.wait_for('lad:position_drift:1h{kind="raw"}')

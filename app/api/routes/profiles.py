@@ -57,7 +57,7 @@ async def list_profiles(service: ServiceDep) -> ProfileList:
             responses=error_responses("GET", "/v1/profiles/{name}"),
             summary="One profile: every (labels, N) with its kept versions")
 async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
-    return await service.profiles.detail(name)
+    return await service.online.annotate(await service.profiles.detail(name))
 
 
 @router.delete("/{name}", response_model=ProfileDeleted, dependencies=[AdminAuth],
@@ -65,7 +65,9 @@ async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
                summary="Delete every version of a profile for one N")
 async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
                          labels: LabelsParam = "digits") -> ProfileDeleted:
-    return await service.profiles.delete(name, labels, n)
+    deleted = await service.profiles.delete(name, labels, n)
+    await service.online.forget(name, labels, n)
+    return deleted
 
 
 @router.post("/{name}/rollback", response_model=ProfileRolledBack, dependencies=[AdminAuth],

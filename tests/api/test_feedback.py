@@ -1,0 +1,271 @@
+"""POST /v1/feedback and POST /v1/profiles/{name}/refresh (online calibration, DESIGN §2.8)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.calibrate import CalibrationStats
+from calibration_store import Evidence, Profile, open_store
+from calibration_store.evidence import is_holdout
+from tests.api.helpers import metric_value, retrieve_body
+
+ADMIN, RETRIEVE = "admin-secret-token-123", "retrieve-secret-token-456"
+
+
+def _calibrated(make_client, calibrate_json, **settings: Any):
+    client = make_client(**settings)
+    headers = {"Authorization": f"Bearer {ADMIN}"} if "admin_token" in settings else {}
+    assert client.post("/v1/calibrate", json=calibrate_json, headers=headers).status_code == 200
+    return client
+
+
+def _retrieve(client, item, headers=None) -> str:
+    r = client.post("/v1/retrieve", json=retrieve_body(item), headers=headers or {})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["request_id"] == r.headers["x-request-id"]
+    return body["request_id"]
+
+
+def test_feedback_counts_once_and_shows_on_the_profile(make_client, items, calibrate_json):
+    client = _calibrated(make_client, calibrate_json)
+    cal = client.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert cal["feedback"] == 0 and cal["diagnostics"]["loo_accuracy"] is not None
+    ids = [_retrieve(client, item) for item in items[:4]]
+    first = client.post("/v1/feedback", json={"request_id": ids[0], "answer": items[0].target})
+    assert first.status_code == 200, first.text
+    assert first.json()["counted"] is True and first.json()["n"] == 3
+    again = client.post("/v1/feedback", json={"request_id": ids[0], "answer": 2})
+    assert again.status_code == 200
+    assert again.json()["counted"] is False and again.json()["answer"] == items[0].target
+    for rid, item in zip(ids[1:], items[1:4], strict=True):
+        assert client.post("/v1/feedback", json={"request_id": rid, "answer": item.target}
+                           ).json()["counted"]  # fmt: skip
+    online = client.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert online["feedback"] == 4 and online["served_requests"] == 4
+    assert sum(online["feedback_per_row"]) + online["feedback_held_out"] == 4
+    assert online["drift"]["requests"] == 4 and 0 <= online["drift"]["distance"] <= 1
+    metrics = client.get("/metrics").text
+    assert metric_value(metrics, "lad_feedback_total", outcome="counted") == 4
+    assert metric_value(metrics, "lad_feedback_total", outcome="duplicate") == 1
+
+
+def test_unknown_and_invalid_feedback(make_client, items, calibrate_json):
+    client = _calibrated(make_client, calibrate_json)
+    r = client.post("/v1/feedback", json={"request_id": "never-seen", "answer": 0})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "request_not_found"
+    rid = _retrieve(client, items[0])
+    r = client.post("/v1/feedback", json={"request_id": rid, "answer": 3})  # N = 3
+    assert r.status_code == 422
+    r = client.post("/v1/feedback", json={"request_id": rid, "answer": -1})
+    assert r.status_code == 422
+    assert client.post("/v1/feedback", content=b"x", headers={"content-type": "text/plain"}
+                       ).status_code == 415  # fmt: skip
+
+
+def test_expired_evidence_is_404(make_client, items, calibrate_json):
+    client = _calibrated(make_client, calibrate_json, evidence_ttl_s=0.05)
+    rid = _retrieve(client, items[0])
+    time.sleep(0.2)
+    r = client.post("/v1/feedback", json={"request_id": rid, "answer": 0})
+    assert r.status_code == 404 and "older than" in r.json()["error"]["message"]
+
+
+def test_feedback_for_a_deleted_profile_is_409(make_client, items, calibrate_json):
+    client = _calibrated(make_client, calibrate_json)
+    rid = _retrieve(client, items[0])
+    assert client.delete("/v1/profiles/default", params={"n": 3}).status_code == 200
+    r = client.post("/v1/feedback", json={"request_id": rid, "answer": 0})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "profile_deleted"
+
+
+def test_feedback_auth(make_client, items, calibrate_json):
+    client = _calibrated(make_client, calibrate_json, admin_token=ADMIN, retrieve_token=RETRIEVE)
+    rid = _retrieve(client, items[0], {"Authorization": f"Bearer {RETRIEVE}"})
+    body = {"request_id": rid, "answer": 0}
+    assert client.post("/v1/feedback", json=body).status_code == 401
+    bad = client.post("/v1/feedback", json=body, headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 403
+    ok = client.post("/v1/feedback", json=body, headers={"Authorization": f"Bearer {RETRIEVE}"})
+    assert ok.status_code == 200 and ok.json()["counted"]
+    admin = client.post("/v1/feedback", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert admin.status_code == 200 and not admin.json()["counted"]
+    # refresh is an admin route: the retrieve token is not enough
+    r = client.post("/v1/profiles/default/refresh", params={"n": 3},
+                    headers={"Authorization": f"Bearer {RETRIEVE}"})  # fmt: skip
+    assert r.status_code == 403
+
+
+# ---------------------------------------------------------------------------- refresh guard
+N, LAYERS = 3, None
+
+
+def _flat_profile(runner: Any) -> Profile:
+    """A live version with B = 0 and a uniform prior, from 5 offline examples of zeros."""
+    layers = list(runner.layers)
+    offline = CalibrationStats(np.zeros((N, N)), np.full(N, 5), np.full((len(layers), N), 15.0),
+                               15)  # fmt: skip
+    return Profile.create(
+        name="default", fingerprint=runner.fingerprint("digits", N), layers=layers,
+        bias_matrix=np.zeros((N, N)), attention_prior=np.full((len(layers), N), 1.0),
+        num_examples=5, num_forward_passes=15, calibration_statistics=offline.to_dict(),
+    )  # fmt: skip
+
+
+def _feed(client, runner: Any, rows: dict[bool, Any], count: int) -> None:
+    """``count`` feedback instances spread over the GT positions; a training instance of GT
+    t gets scores rows[False](t), a held-out one rows[True](t). Attention is flat, so the
+    posterior is uniform and only B decides."""
+    service = client.app.state.service
+    key = service.profiles.key("default", "digits", N)
+    flat = np.full((len(runner.layers), N), 1.0)
+    for i in range(count):
+        rid, t = f"guard-{i}", i % N
+        evidence = Evidence.of(key, 1, rows[is_holdout(rid)](t), flat)
+        assert service.online.online.put_evidence(rid, evidence)
+        r = client.post("/v1/feedback", json={"request_id": rid, "answer": t})
+        assert r.status_code == 200 and r.json()["counted"], r.text
+
+
+def _onehot(t: int, value: float = 1.0) -> np.ndarray:
+    s = np.zeros(N)
+    s[t] = value
+    return s
+
+
+def _poisoned(t: int) -> np.ndarray:
+    return _onehot(0, 50.0)  # whatever the GT, the model "prefers" position 0 in training
+
+
+def test_a_refresh_that_would_lose_accuracy_stays_a_candidate(make_client, runner):
+    store = open_store("memory://")
+    store.put(_flat_profile(runner))
+    client = make_client(store=store, feedback_min_row_count=5, refresh_min_holdout=5)
+    _feed(client, runner, {False: _poisoned, True: _onehot}, 90)
+    r = client.post("/v1/profiles/default/refresh", params={"n": N})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["live"] is False and "would lose accuracy" in body["reason"]
+    assert body["accuracy_live"] == 1.0 and body["accuracy_refreshed"] < 1.0
+    held = body["diagnostics"]["held_out_accuracy"]
+    assert held["live"]["agd"] == 1.0 and held["refreshed"]["agd"] == body["accuracy_refreshed"]
+    assert set(held["live"]) == {"vanilla", "attn_pure", "agd"}
+    assert body["version"] is None and body["held_out"] >= 5
+    detail = client.get("/v1/profiles/default").json()["entries"][0]
+    assert detail["current_version"] == 1
+    assert detail["online"]["last_refresh"]["live"] is False
+    # the operator may still force it; then it is a new version, rollback-able as any other
+    forced = client.post("/v1/profiles/default/refresh", params={"n": N, "force": True}).json()
+    assert forced["live"] is True and forced["version"] == 2
+    assert forced["provenance"]["feedback"] == 90 and forced["provenance"]["forced"] is True
+    back = client.post("/v1/profiles/default/rollback", params={"n": N})
+    assert back.status_code == 200 and back.json()["version"] == 1
+    metrics = client.get("/metrics").text
+    assert metric_value(metrics, "lad_profile_refreshes_total", decision="candidate") == 1
+    assert metric_value(metrics, "lad_profile_refreshes_total", decision="live") == 1
+
+
+def test_a_refresh_that_keeps_accuracy_goes_live(make_client, runner):
+    store = open_store("memory://")
+    store.put(_flat_profile(runner))
+    client = make_client(store=store, feedback_min_row_count=5, refresh_min_holdout=5)
+    _feed(client, runner, {False: _onehot, True: _onehot}, 60)
+    body = client.post("/v1/profiles/default/refresh", params={"n": N}).json()
+    assert body["live"] is True and body["version"] == 2
+    assert body["accuracy_refreshed"] >= body["accuracy_live"]
+    prov = body["provenance"]
+    assert prov["rows_from_feedback"] == [0, 1, 2] and prov["offline_examples"] == 5
+    assert client.get("/v1/profiles/default").json()["entries"][0]["current_version"] == 2
+
+
+def test_too_little_held_out_feedback_keeps_a_candidate(make_client, runner):
+    store = open_store("memory://")
+    store.put(_flat_profile(runner))
+    client = make_client(store=store, refresh_min_holdout=1000)
+    _feed(client, runner, {False: _onehot, True: _onehot}, 12)
+    body = client.post("/v1/profiles/default/refresh", params={"n": N}).json()
+    assert body["live"] is False and "LAD_REFRESH_MIN_HOLDOUT" in body["reason"]
+
+
+def test_automatic_refresh_after_the_threshold(make_client, runner):
+    store = open_store("memory://")
+    store.put(_flat_profile(runner))
+    client = make_client(store=store, feedback_min_row_count=5, refresh_min_holdout=1,
+                         feedback_refresh_every=30)  # fmt: skip
+    service = client.app.state.service
+    key = service.profiles.key("default", "digits", N)
+    flat = np.full((len(runner.layers), N), 1.0)
+    triggered = []
+    for i in range(30):
+        rid = f"auto-{i}"
+        service.online.online.put_evidence(rid, Evidence.of(key, 1, _onehot(i % N), flat))
+        r = client.post("/v1/feedback", json={"request_id": rid, "answer": i % N}).json()
+        triggered.append(r["refresh"])
+    assert all(t is None for t in triggered[:-1]) and triggered[-1] is not None
+    assert triggered[-1]["live"] is True and store.get(key).version == 2
+
+
+def test_refresh_of_a_profile_without_offline_statistics_is_409(make_client, runner):
+    store = open_store("memory://")
+    store.put(_flat_profile(runner).model_copy(update={"calibration_statistics": None}))
+    client = make_client(store=store)
+    r = client.post("/v1/profiles/default/refresh", params={"n": N})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "refresh_unavailable"
+    assert client.post("/v1/profiles/nope/refresh", params={"n": N}).status_code == 404
+
+
+def test_clients_close_the_loop(make_client, items, calibration_items):
+    """retrieve -> feedback -> refresh through LadClient and AsyncLadClient."""
+    import asyncio
+
+    from app.client import AsyncLadClient, LadClient, LadError
+
+    http = make_client(admin_token=ADMIN, refresh_min_holdout=1000)
+    lad = LadClient(http=http, admin_token=ADMIN)
+    lad.calibrate([(it.query, it.images, it.target) for it in calibration_items])
+    answer = lad.retrieve(items[0].query, items[0].images)
+    done = lad.feedback(answer.request_id, items[0].target)
+    assert done.counted and not lad.feedback(answer.request_id, items[0].target).counted
+    refreshed = lad.refresh("default", 3)
+    assert refreshed.live is False and refreshed.previous_version == 1
+    with pytest.raises(LadError) as unknown:
+        lad.feedback("no-such-request", 0)
+    assert unknown.value.status == 404 and unknown.value.code == "request_not_found"
+
+    async def run() -> None:
+        client = AsyncLadClient(http=_AsyncBridge(http), admin_token=ADMIN)
+        assert (await client.feedback(answer.request_id, 0)).counted is False
+        assert (await client.refresh("default", 3, force=True)).version == 2
+
+    asyncio.run(run())
+
+
+class _AsyncBridge:
+    """An httpx.AsyncClient look-alike over the sync TestClient (the app runs in its portal)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    async def request(self, **kwargs):
+        return self.client.request(**kwargs)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_file_backend_keeps_feedback_across_a_restart(make_client, items, calibrate_json,
+                                                      tmp_path):  # fmt: skip
+    first = _calibrated(make_client, calibrate_json, store_url=str(tmp_path))
+    rid = _retrieve(first, items[0])
+    assert first.post("/v1/feedback", json={"request_id": rid, "answer": 1}).json()["counted"]
+    first.__exit__(None, None, None)
+    second = make_client(store_url=str(tmp_path))
+    assert second.get("/readyz").json()["store"].get("unreadable_profiles") is None
+    online = second.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert online["feedback"] == 1 and online["served_requests"] == 1
+    r = second.post("/v1/feedback", json={"request_id": rid, "answer": 1})
+    assert r.status_code == 404  # the evidence itself is short-lived: not persisted
