@@ -87,3 +87,20 @@ def test_example_of_size_is_seeded_and_keeps_the_gt() -> None:
     instances, gt = calibration_instances([cut])
     assert sorted(gt.tolist()) == [0, 1, 2, 3]
     assert all(images[t] == "f" for (_, images), t in zip(instances, gt, strict=True))
+
+
+def test_every_n_profile_keeps_its_online_record(
+    make_client: Any, wide_items: list[RetrievalExample]
+) -> None:
+    """Each N's profile carries its own offline sums (M instances per GT row), provenance and
+    diagnostics, so online refresh works on it like on a one-N calibration."""
+    store = open_store("memory://")
+    client = make_client(store=store)
+    out = client.post("/v1/calibrate", json=calibration_body(wide_items, n=[2, 4])).json()
+    assert out["diagnostics"] is not None
+    for key in store.list_keys():
+        profile = store.get(key)
+        stats = profile.calibration_statistics
+        assert stats["row_counts"] == [len(wide_items)] * key.n
+        assert profile.provenance == {"source": "offline", "offline_examples": len(wide_items)}
+        assert profile.hyperparameters["negatives_seed"] == 0
