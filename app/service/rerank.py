@@ -106,6 +106,8 @@ async def rerank(
             _profiles, service, options, n, top_n
         )
         pil = await run_in_threadpool(service.decoder.images, documents, "documents")
+    if method != options.method:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA), logged
+        logs.note(method=method, fallback=True)
     decode_ms = (time.perf_counter() - t0) * 1e3
     seed = options.seed if options.seed is not None else secrets.randbits(32)
     tournament = Tournament(n, min(window, n), top_n, seed)

@@ -160,3 +160,11 @@ def test_windows_of_a_round_share_one_batch(make_client: Any, runner: Any,
     out = client.post("/v1/rerank", json=body(many, method="perm_avg", window=4, seed=1)).json()
     assert out["meta"]["forward_passes"] == 4 + 3 + 3 + 3 == sum(recording.batches)
     assert recording.batches[0] == 8  # the rotations of round 1's windows fill whole batches
+
+
+def test_uncalibrated_falls_back_to_vanilla_when_configured(
+    make_client: Any, many: RetrievalExample
+) -> None:
+    client = make_client(fallback_to_vanilla=True)
+    out = client.post("/v1/rerank", json=body(many, window=4, seed=2)).json()
+    assert out["meta"]["method"] == "vanilla" and out["meta"]["profile"] is None
