@@ -25,7 +25,7 @@ from tests.deploy.test_prometheus_rules import ALERTS, RECORDING, dashboard
 from tests.live import LiveService, free_port
 
 # Grafana's variables, as the whole dashboard sees them with "All" selected. The rate
-# window is 1m (Grafana's $__rate_interval at a 1 s scrape); the data is a minute old.
+# window is 1m (wide enough for a 2 s scrape and a minute of data).
 GRAFANA = {"$n": ".*", "$profile": ".*", "$__rate_interval": "1m", "$__range": "1h"}
 
 # Panels that must show data after the traffic below (GPU memory: a CPU replica has none;
@@ -45,14 +45,15 @@ def panel_queries() -> list[tuple[str, str]]:
 
 
 class Prometheus:
-    """`prometheus` scraping ``target`` every second, evaluating alerts.yml every second."""
+    """`prometheus` scraping ``target`` every 2 s, evaluating alerts.yml every second."""
 
     def __init__(self, workdir: Path, target: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         shutil.copy(PROMETHEUS / "alerts.yml", workdir / "alerts.yml")
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            # 2 s: a scrape may take over a second on a loaded machine (timeout = interval)
+            "global": {"scrape_interval": "2s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yml"],
             "scrape_configs": [{"job_name": "lad-serve", "static_configs": [
                 {"targets": [target]}]}],
@@ -85,7 +86,7 @@ class Prometheus:
     def query(self, expr: str) -> dict[str, Any]:
         return httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=30).json()
 
-    def wait_for(self, expr: str, timeout: float = 60) -> None:
+    def wait_for(self, expr: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while not self.query(expr)["data"]["result"]:
             assert time.monotonic() < deadline, f"{expr} returned nothing in {timeout} s"
