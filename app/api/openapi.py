@@ -2,8 +2,8 @@
 error codes come from ``app.api.route_errors``).
 
 Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
-patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_QUERY_CHARS,
-LAD_MAX_LABEL_CHARS), so what the document accepts is what the service accepts.
+patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_RERANK_CANDIDATES,
+LAD_MAX_QUERY_CHARS, LAD_MAX_LABEL_CHARS), so what the document accepts is what the service accepts.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def _patch_limits(node: Any, settings: Settings) -> None:
     if isinstance(props, dict):
         if isinstance(props.get("images"), dict):
             props["images"]["maxItems"] = settings.max_images
+        if isinstance(props.get("documents"), dict):
+            props["documents"]["maxItems"] = settings.max_rerank_candidates
         if isinstance(props.get("query"), dict) and props["query"].get("type") == "string":
             props["query"]["maxLength"] = settings.max_query_chars
         if isinstance(props.get("answer"), dict):

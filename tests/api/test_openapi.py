@@ -32,8 +32,9 @@ def test_every_field_and_parameter_is_described(client):
         for verb, operation in operations.items():
             for param in operation.get("parameters", []):
                 assert param.get("description"), (verb, path, param["name"])
-                assert "example" in param or "examples" in param or param["schema"].get(
-                    "examples"), (verb, path, param["name"])
+                assert (
+                    "example" in param or "examples" in param or param["schema"].get("examples")
+                ), (verb, path, param["name"])
 
 
 def test_every_route_lists_its_error_codes_from_the_one_table(client):
@@ -73,3 +74,13 @@ def test_docs_pages_load_nothing_from_outside(client):
             asset = client.get(url)
             assert asset.status_code == 200 and len(asset.content) > 1000, url
     assert '"validatorUrl": null' in client.get("/docs").text  # no validator badge request
+
+
+def test_the_document_states_the_running_limits(make_client):
+    """JSON and multipart bodies of retrieve and rerank carry this instance's bounds."""
+    document = make_client(max_images=5, max_rerank_candidates=20).get("/openapi.json").json()
+    found = _properties(document)
+    images = [prop for path, prop in found if path.endswith(".images") and "maxItems" in prop]
+    documents = [prop for path, prop in found if path.endswith(".documents")]
+    assert len(images) >= 2 and all(p["maxItems"] == 5 for p in images)  # JSON + multipart
+    assert len(documents) >= 2 and all(p["maxItems"] == 20 for p in documents)
