@@ -8,6 +8,14 @@ HTTP + decode share: (latency - queue - engine) / engine, where engine time is f
 score + debias as the server reports them in ``timings_ms``, and latency is measured twice:
 by the client (includes the client's own HTTP work) and by the service itself (the mean of
 its ``lad_request_duration_seconds`` for /v1/retrieve, scraped before and after a level).
+
+Then, on the batching server at concurrency 1, the per-stage breakdown of a request
+(medians of the response's ``timings_ms``; "HTTP+JSON" is the client's latency minus
+every stage the server timed) and its fixed path (everything but queue, forward, score
+and debias) for four 224x224 JPEGs and for twelve 4096x4096 JPEGs, and the wall-clock
+of perm_avg (N rotations, one batch) against vanilla. The headline ratios: batching over
+max-batch-1 p50 at concurrency 1 (target <= 1.15) and throughput at the top concurrency
+(target >= 2).
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ from app.bench.results import write_record
 from app.demo.world import make_items
 
 ENGINE_STAGES = ("forward", "score", "debias")
+SERVER_STAGES = ("base64", "image_decode", "queue", "process", "forward", "score", "debias",
+                 "encode")  # fmt: skip
+"""What the server times, disjoint: image_decode = decode - base64 (decode includes it)."""
+FIXED_STAGES = ("http_json", "base64", "image_decode", "process", "encode")
+"""The fixed path of a request: what it costs around the model, however fast the model."""
 
 
 @dataclass
@@ -59,13 +72,16 @@ def _jpeg_data_url(image, quality: int = 90) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def build_payloads(count: int, n: int, seed: str) -> list[dict]:
-    """Retrieval items of the synthetic world rendered at 224 px and encoded as JPEG."""
+def build_payloads(count: int, n: int, seed: str, side: int = 224) -> list[dict]:
+    """Retrieval items of the synthetic world rendered at 224 px and encoded as JPEG (at
+    ``side`` px: rendered at 224 and enlarged, so the JPEGs stay photo-sized in bytes)."""
     items = make_items(count, n_candidates=n, setting="random", seed=seed, image_size=224)
-    return [
-        {"query": it.query, "images": [_jpeg_data_url(im) for im in it.images], "answer": it.target}
-        for it in items
-    ]
+    out = []
+    for it in items:
+        images = it.images if side == 224 else [im.resize((side, side)) for im in it.images]
+        out.append({"query": it.query, "images": [_jpeg_data_url(im) for im in images],
+                    "answer": it.target})  # fmt: skip
+    return out
 
 
 def _free_port() -> int:
@@ -103,7 +119,9 @@ def start_server(model: str, max_batch_size: int, max_wait_ms: float, threads: i
     raise RuntimeError("server did not become ready within 180 s")
 
 
-async def _drive(url: str, payloads: list[dict], concurrency: int) -> tuple[list, float, int]:
+async def _drive(
+    url: str, payloads: list[dict], concurrency: int, method: str = "agd"
+) -> tuple[list, float, int]:
     """Send every payload once with ``concurrency`` requests in flight."""
     queue: asyncio.Queue = asyncio.Queue()
     for p in payloads:
@@ -115,7 +133,7 @@ async def _drive(url: str, payloads: list[dict], concurrency: int) -> tuple[list
         nonlocal errors
         while not queue.empty():
             payload = queue.get_nowait()
-            body = {"query": payload["query"], "images": payload["images"], "method": "agd"}
+            body = {"query": payload["query"], "images": payload["images"], "method": method}
             start = time.perf_counter()
             response = await client.post(f"{url}/v1/retrieve", json=body)
             latency_ms = (time.perf_counter() - start) * 1000.0
@@ -176,6 +194,70 @@ def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], c
     )
 
 
+def stage_breakdown(results: list[tuple[float, dict]]) -> dict[str, float]:
+    """Median milliseconds per stage over ``(client latency, timings_ms)`` pairs.
+
+    ``http_json`` is what the server did not time: HTTP, JSON parsing and validation,
+    response serialisation and the thread hand-offs. ``fixed`` is the request's fixed path,
+    everything but queue, forward, score and debias."""
+    rows = []
+    for latency, t in results:
+        row = {s: float(t.get(s, 0.0)) for s in SERVER_STAGES if s != "image_decode"}
+        row["image_decode"] = max(0.0, t.get("decode", 0.0) - t.get("base64", 0.0))
+        row["http_json"] = latency - sum(row[s] for s in SERVER_STAGES)
+        row["fixed"] = sum(row[s] for s in FIXED_STAGES)
+        row["latency"] = latency
+        rows.append(row)
+    return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+
+
+@dataclass
+class Detail:
+    """One request shape measured alone (concurrency 1) on the batching server."""
+
+    name: str
+    method: str
+    n_images: int
+    image: str
+    requests: int
+    p50_ms: float
+    stages_ms: dict[str, float]
+
+
+def measure_detail(url: str, name: str, payloads: list[dict], method: str, image: str) -> Detail:
+    """Per-stage medians of ``payloads`` sent one at a time with ``method``."""
+    asyncio.run(_drive(url, payloads[:2], 1, method))  # warm-up of this shape
+    results, _, errors = asyncio.run(_drive(url, payloads, 1, method))
+    if errors or not results:
+        raise RuntimeError(f"{name}: {errors} of {len(payloads)} requests failed")
+    stages = stage_breakdown(results)
+    return Detail(name=name, method=method, n_images=len(payloads[0]["images"]), image=image,
+                  requests=len(results), p50_ms=stages["latency"], stages_ms=stages)  # fmt: skip
+
+
+def measure_details(url: str, payloads: list[dict], large: list[dict]) -> list[Detail]:
+    """The per-stage rows: agd, vanilla and perm_avg on four 224² JPEGs, then vanilla on
+    twelve 4096² JPEGs (the fixed path does not depend on the method)."""
+    small = "224x224 JPEG"
+    details = [measure_detail(url, f"{m}, 4 x 224²", payloads, m, small)
+               for m in ("agd", "vanilla", "perm_avg")]  # fmt: skip
+    if large:
+        details.append(measure_detail(url, "vanilla, 12 x 4096²", large, "vanilla",
+                                      "4096x4096 JPEG"))  # fmt: skip
+    return details
+
+
+def render_details(details: list[Detail]) -> str:
+    cols = ("latency", "http_json", "base64", "image_decode", "process", "queue", "forward",
+            "score", "debias", "encode", "fixed")  # fmt: skip
+    head = ("| request (concurrency 1, median ms) | latency | HTTP+JSON | base64 | image decode "
+            "| processor | queue | forward | score | debias | encode | fixed path |")  # fmt: skip
+    lines = [head, "|:--|" + "--:|" * len(cols)]
+    for d in details:
+        lines.append(f"| {d.name} | " + " | ".join(f"{d.stages_ms[c]:.2f}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def calibrate(url: str, examples: list[dict]) -> dict:
     body = {"examples": examples, "profile": "default", "labels": "digits"}
     response = httpx.post(f"{url}/v1/calibrate", json=body, timeout=600.0)
@@ -207,6 +289,10 @@ def summarize(rows: list[LevelResult], levels: list[int]) -> dict[str, float]:
         summary["batching_speedup_at_max_concurrency"] = (
             by[("batching", top)].requests_per_s / by[("max batch 1", top)].requests_per_s
         )
+    if ("batching", 1) in by and ("max batch 1", 1) in by:
+        summary["batching_p50_over_max_batch_1_c1"] = (
+            by[("batching", 1)].p50_ms / by[("max batch 1", 1)].p50_ms
+        )
     if ("max batch 1", 1) in by:
         summary["client_http_decode_over_engine_c1"] = by[("max batch 1", 1)].overhead_ratio
         summary["server_http_decode_over_engine_c1"] = by[("max batch 1", 1)].server_overhead_ratio
@@ -221,19 +307,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--max-wait-ms", type=float, default=10.0)
+    parser.add_argument("--max-wait-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--detail-requests",
+        type=int,
+        default=32,
+        help="requests per per-stage row (0: no per-stage rows)",
+    )
+    parser.add_argument(
+        "--large-requests", type=int, default=8, help="requests of twelve 4096x4096 JPEGs (0: none)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the server")
     parser.add_argument("--out", default="bench/results/service.json")
     args = parser.parse_args(argv)
 
+    load_start = os.getloadavg()[0]  # this machine may be shared: note the load
     levels = [int(c) for c in args.concurrency.split(",")]
     payloads = build_payloads(args.requests, args.n, seed="test")
     calibration = build_payloads(5, args.n, seed="calibration")
     configs = [("batching", args.max_batch_size), ("max batch 1", 1)]
     if args.url:
         configs = [("external", -1)]
+    detail_payloads = build_payloads(args.detail_requests, args.n, seed="eval")
+    large = build_payloads(args.large_requests, 12, seed="eval", side=4096)
 
     rows: list[LevelResult] = []
+    details: list[Detail] = []
     for name, max_batch in configs:
         proc = None
         url = args.url
@@ -250,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms",
                     flush=True,
                 )
+            if name in ("batching", "external") and args.detail_requests:
+                details = measure_details(url, detail_payloads, large)
         finally:
             if proc is not None:
                 proc.terminate()
@@ -258,16 +359,30 @@ def main(argv: list[str] | None = None) -> int:
     table = render_table(rows)
     print(table)
     summary = summarize(rows, levels)
+    if details:
+        print(render_details(details))
+        by_name = {d.name.split(",")[0] + (" large" if d.n_images == 12 else ""): d
+                   for d in details}  # fmt: skip
+        summary["perm_avg_over_vanilla_c1"] = by_name["perm_avg"].p50_ms / by_name["vanilla"].p50_ms
+        summary["fixed_path_ms_4x224"] = by_name["agd"].stages_ms["fixed"]
+        if "vanilla large" in by_name:
+            summary["fixed_path_ms_12x4096"] = by_name["vanilla large"].stages_ms["fixed"]
     for key, value in summary.items():
         print(f"{key}: {value:.3f}")
-    write_record(args.out, {
-        "command": "lad bench service " + " ".join(argv or []),
-        "model": args.model,
-        "n_images": args.n,
-        "image": "224x224 JPEG",
-        "server_torch_threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "rows": [asdict(r) for r in rows],
-        "summary": summary,
-    })
+    write_record(
+        args.out,
+        {
+            "command": "lad bench service " + " ".join(argv or []),
+            "model": args.model,
+            "n_images": args.n,
+            "image": "224x224 JPEG",
+            "server_torch_threads": args.threads,
+            "cpu_count": os.cpu_count(),
+            "device": os.environ.get("LAD_DEVICE", "auto"),
+            "load_avg_1min": {"start": load_start, "end": os.getloadavg()[0]},
+            "rows": [asdict(r) for r in rows],
+            "details": [asdict(d) for d in details],
+            "summary": summary,
+        },
+    )
     return 0

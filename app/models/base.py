@@ -131,8 +131,9 @@ class HFAdapter:
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
 
     def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
-        """The ``images`` argument of the processor call: one flat RGB list, None if empty."""
-        flat = [img.convert("RGB") for row in images for img in row]
+        """The ``images`` argument of the processor call: one flat RGB list, None if empty
+        (RGB images as they are: ``convert`` would copy their pixels for nothing)."""
+        flat = [img if img.mode == "RGB" else img.convert("RGB") for row in images for img in row]
         return flat or None
 
     def image_pixel_budget(self) -> int | None:
