@@ -5,8 +5,10 @@
 #   GPU_BENCH_DEVICE=cpu OUT=/tmp/g scripts/gpu_bench.sh   the same steps, tiny, on the CPU
 #                                                          (a rehearsal of the script itself)
 #
-# Steps, each under its own time limit so a slow one cannot starve the rest (the JSON of a
-# step that runs out of time is missing, the others are kept):
+# Steps, each under its own time limit so a slow one cannot starve the rest (about 9 min
+# in all; each step rewrites its JSON after every cell, so one cut short keeps what it
+# measured). The first H200 run (bench/results/gpu/h200_run1.json) used limits a third of
+# these and every step ran out of time:
 #   1. the environment: GPU name, driver, torch/transformers versions (env.json);
 #   2. captured attention == eager attention on CUDA, float32 and bfloat16, demo model and
 #      tiny Qwen2.5-VL, with the tolerance stated (attention_check.json);
@@ -73,17 +75,17 @@ step() {  # step <seconds> <name> <command...>: run with a limit, log its status
   echo "== $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)"
 }
 
-step 25 attention "$PY" -m app.cli bench attention --device "$DEV" --dtypes "$DTYPES" \
+step 60 attention "$PY" -m app.cli bench attention --device "$DEV" --dtypes "$DTYPES" \
   --out "$OUT/attention_check.json"
-step 50 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+step 150 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS" --n 12 \
   --reps "$REPS" --out "$OUT/engine_tiny_bf16.json"
-LAD_DEVICE=$DEV step 45 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
+LAD_DEVICE=$DEV step 120 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
   --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
   --out "$OUT/service_demo.json"
-step 30 "engine fp32" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+step 90 "engine fp32" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype float32 --tokens "$TOKENS_FP32" --n 12 --reps "$REPS" --out "$OUT/engine_tiny_fp32.json"
-step 25 "scale in N" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+step 90 "scale in N" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS_N" \
   --n "$NS" --reps "$REPS" --out "$OUT/engine_scale_n.json"
 ls -la "$OUT"

@@ -71,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available on this machine")
-    checks = []
+    device_name = (
+        torch.cuda.get_device_name(0)
+        if args.device.startswith("cuda")
+        else f"cpu ({platform.machine()})"
+    )
+    checks: list[dict] = []
     for model in args.models.split(","):
         for dtype in args.dtypes.split(","):
             check = compare(model, args.device, dtype, args.n, args.side)
@@ -80,15 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:18s} {dtype:9s} {check['prompt_tokens']:6d} tokens  max |captured - "
                   f"eager| = {check['max_abs_diff']:.2e} (atol {check['atol']:.0e})  {verdict}",
                   flush=True)  # fmt: skip
-    device_name = (
-        torch.cuda.get_device_name(0)
-        if args.device.startswith("cuda")
-        else f"cpu ({platform.machine()})"
-    )
-    write_record(args.out, {
-        "command": "lad bench attention " + " ".join(argv or []),
-        "device": device_name, "torch": torch.__version__, "checks": checks,
-    })  # fmt: skip
+            write_record(args.out, {  # after every check: a run cut short keeps the rest
+                "command": "lad bench attention " + " ".join(argv or []),
+                "device": device_name, "torch": torch.__version__, "checks": checks,
+            })  # fmt: skip
     return 0 if all(c["ok"] for c in checks) else 1
 
 

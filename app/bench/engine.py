@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -288,8 +289,11 @@ def render(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def measure_cells(args: argparse.Namespace) -> list[Cell]:
-    """Every (prompt length, N, variant) cell, each measured in fresh worker processes."""
+def measure_cells(
+    args: argparse.Namespace, progress: Callable[[list[Cell]], object] | None = None
+) -> list[Cell]:
+    """Every (prompt length, N, variant) cell, each measured in fresh worker processes
+    (in process on CUDA); ``progress(cells so far)`` after each (length, N)."""
     cells: list[Cell] = []
     for target in (int(t) for t in args.tokens.split(",")):
         for n in (int(x) for x in args.n.split(",")):
@@ -319,6 +323,8 @@ def measure_cells(args: argparse.Namespace) -> list[Cell]:
                 print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
                       f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
                       flush=True)  # fmt: skip
+            if progress is not None:
+                progress(cells)
     return cells
 
 
@@ -355,13 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    cells = measure_cells(args)
-    table = render(cells)
-    print(table)
-    write_record(
-        args.out,
-        {
+    def record(cells: list[Cell], complete: bool) -> dict:
+        return {
             "command": "lad bench engine " + " ".join(argv or []),
+            "complete": complete,
             "model": args.model,
             "torch_threads": args.threads,
             "cpu_count": os.cpu_count(),
@@ -370,9 +373,13 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.dtype,
             "reps": args.reps,
             "cells": [asdict(c) for c in cells],
-            "table": table,
-        },
-    )
+            "table": render(cells),
+        }
+
+    # written after every cell too, so a run stopped by a time limit keeps what it measured
+    cells = measure_cells(args, lambda done: write_record(args.out, record(done, False)))
+    print(render(cells))
+    write_record(args.out, record(cells, True))
     return 0
 
 

@@ -85,6 +85,45 @@ def service_block(record: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def partial_gpu_block(record: dict[str, Any]) -> str:
+    """A GPU run whose steps ran out of time: what each step printed before it stopped."""
+    out = [f"{record['device']}: {record['note']}", "",
+           "| step | exit | seconds (limit) |", "|:--|--:|--:|"]  # fmt: skip
+    out += [f"| {s['step']} | {s['exit']} | {s['seconds']} ({s['limit_s']}) |"
+            for s in record["steps"]]  # fmt: skip
+    out += ["", "| check | model | dtype | tokens | max abs diff (atol) |", "|:--|:--|:--|--:|--:|"]
+    out += [
+        f"| captured vs eager | {c['model']} | {c['dtype']} | {c['prompt_tokens']} | "
+        f"{c['max_abs_diff']:.2e} ({c['atol']:.0e}) |"
+        for c in record["attention_checks"]
+    ]
+    out += [
+        "",
+        "| run | N | tokens | sdpa ms | agd ms | eager ms | agd/sdpa | peak sdpa MiB "
+        "| peak agd MiB | peak eager MiB |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, cells in record["engine_cells"].items():
+        by = {(c["prompt_tokens"], c["n"], c["variant"]): c for c in cells}
+        for tokens, n in dict.fromkeys((c["prompt_tokens"], c["n"]) for c in cells):
+            got = {v: by.get((tokens, n, v)) for v in ("sdpa", "agd", "eager")}
+            ms = [f"{c['median_ms']:.1f}" if c else "–" for c in got.values()]
+            mib = [f"{c['peak_mib']:.1f}" if c else "–" for c in got.values()]
+            ratio = (f"{got['agd']['median_ms'] / got['sdpa']['median_ms']:.3f}"
+                     if got["agd"] and got["sdpa"] else "–")  # fmt: skip
+            out.append(f"| {name} | {n} | {tokens} | {' | '.join(ms)} | {ratio} | "
+                       f"{' | '.join(mib)} |")  # fmt: skip
+    if record.get("service_levels"):
+        out += ["", "| service (demo, CUDA) | conc. | req/s | p50 ms | p95 ms |",
+                "|:--|--:|--:|--:|--:|"]  # fmt: skip
+        out += [
+            f"| {s['config']} | {s['concurrency']} | {s['requests_per_s']:.1f} | "
+            f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} |"
+            for s in record["service_levels"]
+        ]
+    return "\n".join(out)
+
+
 def gpu_block(folder: Path) -> str | None:
     """Everything under bench/results/gpu/: the attention check, then each benchmark."""
     files = sorted(folder.glob("*.json"))
@@ -100,6 +139,8 @@ def gpu_block(folder: Path) -> str | None:
             out += [f"| {c['model']} | {c['dtype']} | {c['prompt_tokens']} | "
                     f"{c['max_abs_diff']:.2e} | {c['atol']:.0e} | {c['ok']} |"
                     for c in record["checks"]]  # fmt: skip
+        elif "engine_cells" in record:
+            out += [partial_gpu_block(record)]
         elif "cells" in record:
             out += [f"**{path.name}** ({record.get('dtype', '')})", "", engine_block(record)]
         elif "rows" in record:
