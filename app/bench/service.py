@@ -1,7 +1,9 @@
 """``lad bench service``: throughput and latency of the running HTTP service over loopback.
 
-For each batching configuration (dynamic batching on, and ``max batch = 1``) it starts
-``lad serve`` as a subprocess on a free loopback port (or drives ``--url``), calibrates
+For each batching configuration (adaptive batching on, and ``max batch = 1``) it starts
+``lad serve`` as a subprocess on a free loopback port (or drives ``--url``); both run at
+once and every level is sent in rounds that alternate between them, so on a shared machine
+both see the same load and the ratios between them hold. It calibrates
 one profile through ``/v1/calibrate``, then sends ``/v1/retrieve`` requests with four
 224x224 JPEGs at each concurrency level and reports requests/s, p50/p95 latency and the
 HTTP + decode share: (latency - queue - engine) / engine, where engine time is forward +
@@ -167,12 +169,30 @@ def server_time(url: str) -> tuple[float, float]:
     return total, count
 
 
-def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], concurrency: int):
-    """Run one cell and summarise it."""
+@dataclass
+class Chunk:
+    """One stretch of requests against one server: results and the server's own time."""
+
+    results: list[tuple[float, dict]]
+    elapsed_s: float
+    errors: int
+    server_s: float
+    server_count: float
+
+
+def run_chunk(url: str, payloads: list[dict], concurrency: int) -> Chunk:
+    """Send ``payloads`` with ``concurrency`` in flight; scrape the server's time around it."""
     before = server_time(url)
     results, elapsed, errors = asyncio.run(_drive(url, payloads, concurrency))
     after = server_time(url)
-    server_ms = 1e3 * (after[0] - before[0]) / max(after[1] - before[1], 1.0)
+    return Chunk(results, elapsed, errors, after[0] - before[0], after[1] - before[1])
+
+
+def summarise_level(config: str, max_batch: int, concurrency: int, chunks: list[Chunk]):
+    """One cell of the table from the chunks one server ran at one concurrency."""
+    results = [r for c in chunks for r in c.results]
+    elapsed = sum(c.elapsed_s for c in chunks)
+    server_ms = 1e3 * sum(c.server_s for c in chunks) / max(sum(c.server_count for c in chunks), 1)
     latencies = np.array([r[0] for r in results])
     engine = np.array([sum(r[1].get(s, 0.0) for s in ENGINE_STAGES) for r in results])
     queue = np.array([r[1].get("queue", 0.0) for r in results])
@@ -182,7 +202,7 @@ def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], c
         max_batch_size=max_batch,
         concurrency=concurrency,
         requests=len(results),
-        errors=errors,
+        errors=sum(c.errors for c in chunks),
         requests_per_s=len(results) / elapsed,
         p50_ms=float(np.percentile(latencies, 50)),
         p95_ms=float(np.percentile(latencies, 95)),
@@ -192,6 +212,26 @@ def measure_level(url: str, config: str, max_batch: int, payloads: list[dict], c
         server_ms_mean=server_ms,
         server_overhead_ratio=float((server_ms - queue.mean() - engine.mean()) / engine.mean()),
     )
+
+
+def measure_levels(servers: list[tuple[str, int, str]], payloads: list[dict], levels: list[int],
+                   rounds: int) -> list[LevelResult]:  # fmt: skip
+    """Every (server, concurrency) cell, the servers interleaved: the payloads go in
+    ``rounds`` chunks, each chunk to every server in turn (order alternating), so that on a
+    shared machine both configurations see the same load and their ratio is fair."""
+    rows = []
+    for concurrency in levels:
+        chunks: dict[str, list[Chunk]] = {name: [] for name, _, _ in servers}
+        for r in range(rounds):
+            part = payloads[r::rounds]
+            for name, _, url in servers if r % 2 == 0 else servers[::-1]:
+                chunks[name].append(run_chunk(url, part, concurrency))
+        for name, max_batch, _ in servers:
+            row = summarise_level(name, max_batch, concurrency, chunks[name])
+            rows.append(row)
+            print(f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
+                  f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms", flush=True)  # fmt: skip
+    return rows
 
 
 def stage_breakdown(results: list[tuple[float, dict]]) -> dict[str, float]:
@@ -304,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="drive an already running service (one configuration)")
     parser.add_argument("--model", default="demo")
     parser.add_argument("--n", type=int, default=4, help="images per request")
-    parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    parser.add_argument(
+        "--requests", type=int, default=96, help="requests per concurrency level and server"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="chunks per level, alternating between servers"
+    )
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-wait-ms", type=float, default=0.0)
@@ -331,30 +376,25 @@ def main(argv: list[str] | None = None) -> int:
     detail_payloads = build_payloads(args.detail_requests, args.n, seed="eval")
     large = build_payloads(args.large_requests, 12, seed="eval", side=4096)
 
-    rows: list[LevelResult] = []
     details: list[Detail] = []
-    for name, max_batch in configs:
-        proc = None
-        url = args.url
-        if url is None:
-            proc, url = start_server(args.model, max_batch, args.max_wait_ms, args.threads)
-        try:
+    procs = []
+    try:
+        servers = []
+        for name, max_batch in configs:
+            url = args.url
+            if url is None:
+                proc, url = start_server(args.model, max_batch, args.max_wait_ms, args.threads)
+                procs.append(proc)
             calibrate(url, calibration)
-            measure_level(url, name, max_batch, payloads[:4], 1)  # warm-up
-            for concurrency in levels:
-                row = measure_level(url, name, max_batch, payloads, concurrency)
-                rows.append(row)
-                print(
-                    f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
-                    f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms",
-                    flush=True,
-                )
-            if name in ("batching", "external") and args.detail_requests:
-                details = measure_details(url, detail_payloads, large)
-        finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=30)
+            run_chunk(url, payloads[:4], 1)  # warm-up
+            servers.append((name, max_batch, url))
+        rows = measure_levels(servers, payloads, levels, args.rounds)
+        if args.detail_requests:
+            details = measure_details(servers[0][2], detail_payloads, large)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
 
     table = render_table(rows)
     print(table)
