@@ -20,6 +20,7 @@ from transformers.image_utils import SizeDict
 
 from app.engine.adapter import PromptBatch
 from app.models.base import HFAdapter, size_field, without_video_processor
+from app.models.image_dedup import install as install_unique_images
 from app.models.registry import register
 
 Qwen2VLProcessorNoVideo = without_video_processor(
@@ -37,6 +38,10 @@ class Qwen2VLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     # the two processors differ only in video handling, which is not used here
     processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
+
+    def __init__(self, model: torch.nn.Module, processor: Any) -> None:
+        super().__init__(model, processor)
+        install_unique_images(processor)  # perm_avg's N rotations: each image processed once
 
     @classmethod
     def set_pixel_budget(
