@@ -54,6 +54,9 @@ class Cell:
     p90_ms: float
     peak_mib: float
     reps: int
+    # median over rounds of (this variant's time / sdpa's time in the same round): on a
+    # shared machine the load drifts between rounds, much less within one
+    paired_ratio_to_sdpa: float | None = None
 
 
 def _rss_bytes() -> int:
@@ -306,6 +309,7 @@ def measure_cells(
                 latency = _worker(args, "latency", "-", side, n)
             for variant in VARIANTS:
                 timed = np.array(latency["times_ms"][variant])
+                paired = timed / np.array(latency["times_ms"]["sdpa"])
                 cell = Cell(
                     variant=variant,
                     target_tokens=target,
@@ -318,10 +322,12 @@ def measure_cells(
                     if on_cuda
                     else _worker(args, "memory", variant, side, n),
                     reps=args.reps,
+                    paired_ratio_to_sdpa=float(np.median(paired)),
                 )
                 cells.append(cell)
                 print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
-                      f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
+                      f"median {cell.median_ms:8.1f} ms  paired /sdpa "
+                      f"{cell.paired_ratio_to_sdpa:6.3f}  peak +{cell.peak_mib:7.1f} MiB",
                       flush=True)  # fmt: skip
             if progress is not None:
                 progress(cells)

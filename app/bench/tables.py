@@ -55,19 +55,20 @@ def engine_block(record: dict[str, Any]) -> str:
 def scale_block(records: list[dict[str, Any]]) -> str:
     """agd (capture + scoring + AGD) against a plain SDPA forward as N grows, per model."""
     lines = [
-        "| model | N | tokens | vanilla p50 ms | agd p50 ms | agd/vanilla | vanilla peak MiB "
-        "| agd peak MiB |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|",
+        "| model | N | tokens | vanilla p50 ms | agd p50 ms | agd/vanilla (paired) "
+        "| vanilla peak MiB | agd peak MiB | agd/vanilla peak |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     notes = []
     for record in records:
         by = {(c["variant"], c["n"]): c for c in record["cells"]}
         for n in sorted({c["n"] for c in record["cells"]}):
             a, b = by[("sdpa", n)], by[("agd", n)]
+            ratio = b.get("paired_ratio_to_sdpa") or b["median_ms"] / a["median_ms"]
             lines.append(
                 f"| {record['model']} | {n} | {b['prompt_tokens']} | {a['median_ms']:.1f} | "
-                f"{b['median_ms']:.1f} | {b['median_ms'] / a['median_ms']:.3f} | "
-                f"{a['peak_mib']:.1f} | {b['peak_mib']:.1f} |"
+                f"{b['median_ms']:.1f} | {ratio:.3f} | {a['peak_mib']:.1f} | "
+                f"{b['peak_mib']:.1f} | {b['peak_mib'] / max(a['peak_mib'], 1e-9):.3f} |"
             )
         notes.append(_where(record))
     return "\n".join(notes) + "\n\n" + "\n".join(lines)

@@ -32,8 +32,8 @@ def test_scale_block_reports_agd_over_vanilla_per_n(tmp_path) -> None:
     record = {"command": "lad bench engine --n 2,8", "model": "demo", "cells": cells}
     (tmp_path / "scale_n_demo.json").write_text(json.dumps(record))
     block = tables.blocks(tmp_path)["scale-n"]
-    assert "| demo | 2 | 1402 | 10.0 | 10.5 | 1.050 | 5.0 | 5.5 |" in block
-    assert "| demo | 8 | 1408 | 20.0 | 20.2 | 1.010 | 9.0 | 9.1 |" in block
+    assert "| demo | 2 | 1402 | 10.0 | 10.5 | 1.050 | 5.0 | 5.5 | 1.100 |" in block
+    assert "| demo | 8 | 1408 | 20.0 | 20.2 | 1.010 | 9.0 | 9.1 | 1.011 |" in block
     assert "`lad bench engine --n 2,8`" in block
 
 
