@@ -215,15 +215,19 @@ def summarise_level(config: str, max_batch: int, concurrency: int, chunks: list[
 
 
 def measure_levels(servers: list[tuple[str, int, str]], payloads: list[dict], levels: list[int],
-                   rounds: int) -> list[LevelResult]:  # fmt: skip
+                   rounds: int) -> tuple[list[LevelResult], dict[str, float]]:  # fmt: skip
     """Every (server, concurrency) cell, the servers interleaved: the payloads go in
-    ``rounds`` chunks, each chunk to every server in turn (order alternating), so that on a
-    shared machine both configurations see the same load and their ratio is fair."""
+    ``rounds`` chunks (at concurrency 1: one request each), each chunk to every server in
+    turn (order alternating), so that on a shared machine both configurations see the same
+    load. Also the paired ratios of the first server over the second: the median over
+    rounds of the p50 ratio (concurrency 1) and of the throughput ratio (the others)."""
     rows = []
+    paired: dict[str, float] = {}
     for concurrency in levels:
         chunks: dict[str, list[Chunk]] = {name: [] for name, _, _ in servers}
-        for r in range(rounds):
-            part = payloads[r::rounds]
+        rounds_here = len(payloads) if concurrency == 1 else rounds
+        for r in range(rounds_here):
+            part = payloads[r::rounds_here]
             for name, _, url in servers if r % 2 == 0 else servers[::-1]:
                 chunks[name].append(run_chunk(url, part, concurrency))
         for name, max_batch, _ in servers:
@@ -231,7 +235,22 @@ def measure_levels(servers: list[tuple[str, int, str]], payloads: list[dict], le
             rows.append(row)
             print(f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
                   f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms", flush=True)  # fmt: skip
-    return rows
+        if len(servers) == 2:
+            a, b = (chunks[name] for name, _, _ in servers)
+            paired[f"c{concurrency}"] = paired_ratio(a, b, p50=concurrency == 1)
+    return rows, paired
+
+
+def paired_ratio(a: list[Chunk], b: list[Chunk], *, p50: bool) -> float:
+    """Median over rounds of a/b: p50 latency (``p50``) or throughput, round by round."""
+
+    def value(chunk: Chunk) -> float:
+        if p50:
+            return float(np.median([r[0] for r in chunk.results]))
+        return len(chunk.results) / chunk.elapsed_s
+
+    ratios = [value(x) / value(y) for x, y in zip(a, b, strict=True) if x.results and y.results]
+    return float(np.median(ratios)) if ratios else float("nan")
 
 
 def stage_breakdown(results: list[tuple[float, dict]]) -> dict[str, float]:
@@ -388,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             calibrate(url, calibration)
             run_chunk(url, payloads[:4], 1)  # warm-up
             servers.append((name, max_batch, url))
-        rows = measure_levels(servers, payloads, levels, args.rounds)
+        rows, paired = measure_levels(servers, payloads, levels, args.rounds)
         if args.detail_requests:
             details = measure_details(servers[0][2], detail_payloads, large)
     finally:
@@ -399,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     table = render_table(rows)
     print(table)
     summary = summarize(rows, levels)
+    if "c1" in paired:
+        summary["batching_p50_over_max_batch_1_c1_paired"] = paired["c1"]
+    if f"c{max(levels)}" in paired and max(levels) > 1:
+        summary["batching_speedup_at_max_concurrency_paired"] = paired[f"c{max(levels)}"]
     if details:
         print(render_details(details))
         by_name = {d.name.split(",")[0] + (" large" if d.n_images == 12 else ""): d
