@@ -220,6 +220,10 @@ class Runner:
         """Most pixels of one image the model's processor uses (None: unknown)."""
         return self.adapter.image_pixel_budget()
 
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """The size the model's processor gives a width x height image (None: unknown)."""
+        return self.adapter.image_size_for(width, height)
+
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         resolve_labels(labels, n)  # same validation as forward
         return Fingerprint(

@@ -136,6 +136,10 @@ class HFAdapter:
         flat = [img if img.mode == "RGB" else img.convert("RGB") for row in images for img in row]
         return flat or None
 
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """Not known in general (families with a known rule override this)."""
+        return None
+
     def image_pixel_budget(self) -> int | None:
         """Most pixels of one image the processor uses: its fixed ``height x width`` times the
         tiles it may cut (``max_patches`` when it crops to patches); None when it says

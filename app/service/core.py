@@ -63,6 +63,7 @@ class Service:
         self.decoder = Decoder(
             settings, pixel_budget=runner.image_pixel_budget(),
             special_tokens=runner.special_tokens(),
+            image_size=getattr(runner, "image_size_for", None),
         )  # fmt: skip
         self.profiles = ProfileService(runner, store, metrics)
         self.method_config = MethodConfig(

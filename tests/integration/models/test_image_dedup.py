@@ -53,3 +53,24 @@ def test_install_is_idempotent_and_skips_processors_without_the_hook() -> None:
     runner = tiny_runner("qwen2_vl")
     hook = runner.processor._process_images
     assert install(runner.processor) is True and runner.processor._process_images is hook
+
+
+def test_decode_gives_the_qwen_processor_its_exact_input_size() -> None:
+    import io
+
+    from app.decode import Decoder
+    from app.settings import Settings
+
+    runner = tiny_runner("qwen2_5_vl", image_pixels=112)  # 112 x 112 = 16 tokens of 28²
+    decoder = Decoder(Settings(_env_file=None, store_url="memory://"),
+                      pixel_budget=runner.image_pixel_budget(), image_size=runner.image_size_for)
+    raw = io.BytesIO()
+    random_images(1, seed=1, sizes=[(1000, 1000)])[0].save(raw, format="JPEG")
+    image = decoder.images([raw.getvalue()], "images")[0]
+    assert image.size == runner.image_size_for(1000, 1000) == (112, 112)
+    grid = runner.process([RetrievalItem("x", [image, image])]).inputs["image_grid_thw"]
+    assert grid[0].tolist() == [1, 8, 8]  # the processor kept the decoded size
+    # this processor is pinned to min = max pixels: a 1000 x 600 image has no size it keeps
+    # (it would resize 140 x 84 up again), so decode falls back to the pixel budget
+    assert runner.image_size_for(1000, 600) == (140, 84)
+    assert runner.image_size_for(140, 84) != (140, 84)
