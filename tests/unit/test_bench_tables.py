@@ -12,13 +12,24 @@ from app.bench.service import FIXED_STAGES, SERVER_STAGES, stage_breakdown
 
 
 def _cell(variant: str, n: int, ms: float, mib: float) -> dict:
-    return {"variant": variant, "target_tokens": 1500, "n": n, "prompt_tokens": 1400 + n,
-            "image_side": 56, "median_ms": ms, "p90_ms": ms, "peak_mib": mib, "reps": 3}
+    return {
+        "variant": variant,
+        "target_tokens": 1500,
+        "n": n,
+        "prompt_tokens": 1400 + n,
+        "image_side": 56,
+        "median_ms": ms,
+        "p90_ms": ms,
+        "peak_mib": mib,
+        "reps": 3,
+    }
 
 
 def test_rewrite_fills_blocks_between_markers_and_leaves_the_rest() -> None:
-    text = (f"intro\n{tables._start('engine')}\nold table\n{tables._end('engine')}\n"
-            f"middle\n{tables._start('gpu')}\nkept\n{tables._end('gpu')}\nend\n")
+    text = (
+        f"intro\n{tables._start('engine')}\nold table\n{tables._end('engine')}\n"
+        f"middle\n{tables._start('gpu')}\nkept\n{tables._end('gpu')}\nend\n"
+    )
     out, missing = tables.rewrite(text, {"engine": "NEW", "gpu": None, "service": "S"})
     assert "old table" not in out and f"{tables._start('engine')}\nNEW\n" in out
     assert "kept" in out and out.startswith("intro\n") and out.endswith("end\n")
@@ -27,8 +38,14 @@ def test_rewrite_fills_blocks_between_markers_and_leaves_the_rest() -> None:
 
 
 def test_scale_block_reports_agd_over_vanilla_per_n(tmp_path) -> None:
-    cells = [_cell("sdpa", 2, 10.0, 5.0), _cell("agd", 2, 10.5, 5.5), _cell("eager", 2, 30, 50),
-             _cell("sdpa", 8, 20.0, 9.0), _cell("agd", 8, 20.2, 9.1), _cell("eager", 8, 90, 99)]
+    cells = [
+        _cell("sdpa", 2, 10.0, 5.0),
+        _cell("agd", 2, 10.5, 5.5),
+        _cell("eager", 2, 30, 50),
+        _cell("sdpa", 8, 20.0, 9.0),
+        _cell("agd", 8, 20.2, 9.1),
+        _cell("eager", 8, 90, 99),
+    ]
     record = {"command": "lad bench engine --n 2,8", "model": "demo", "cells": cells}
     (tmp_path / "scale_n_demo.json").write_text(json.dumps(record))
     block = tables.blocks(tmp_path)["scale-n"]
@@ -44,8 +61,16 @@ def test_committed_records_render_every_block() -> None:
 
 
 def test_stage_breakdown_splits_the_client_latency() -> None:
-    timings = {"decode": 3.0, "base64": 0.5, "queue": 1.0, "process": 2.0, "forward": 10.0,
-               "score": 0.5, "debias": 0.25, "encode": 0.25}
+    timings = {
+        "decode": 3.0,
+        "base64": 0.5,
+        "queue": 1.0,
+        "process": 2.0,
+        "forward": 10.0,
+        "score": 0.5,
+        "debias": 0.25,
+        "encode": 0.25,
+    }
     stages = stage_breakdown([(20.0, timings), (22.0, timings)])
     assert stages["image_decode"] == pytest.approx(2.5)  # decode includes base64
     server = sum(stages[s] for s in SERVER_STAGES)

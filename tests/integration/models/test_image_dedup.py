@@ -62,8 +62,11 @@ def test_decode_gives_the_qwen_processor_its_exact_input_size() -> None:
     from app.settings import Settings
 
     runner = tiny_runner("qwen2_5_vl", image_pixels=112)  # 112 x 112 = 16 tokens of 28²
-    decoder = Decoder(Settings(_env_file=None, store_url="memory://"),
-                      pixel_budget=runner.image_pixel_budget(), image_size=runner.image_size_for)
+    decoder = Decoder(
+        Settings(_env_file=None, store_url="memory://"),
+        pixel_budget=runner.image_pixel_budget(),
+        image_size=runner.image_size_for,
+    )
     raw = io.BytesIO()
     random_images(1, seed=1, sizes=[(1000, 1000)])[0].save(raw, format="JPEG")
     image = decoder.images([raw.getvalue()], "images")[0]
