@@ -6,7 +6,9 @@ is decoded: every image's header is read first (format allowlist, size, aspect r
 request's decoded-pixel budget), then each image is decoded at the smallest scale that
 still covers the model's own image budget (the processor's max pixels): JPEGs through
 Pillow's draft mode (a 4096² JPEG decodes at 512²), everything else decoded once and
-resized once, straight to that budget. The processor then has nothing left to shrink.
+resized once, straight to that budget, or straight to the processor's own input size
+when the model names it (Qwen: sides multiples of 28). The processor then has nothing
+left to shrink.
 Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once.
 
 Conversions, so the model sees what a person sees: EXIF orientation applied; transparent
@@ -24,7 +26,8 @@ import io
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -171,9 +174,11 @@ class Decoder:
         *,
         pixel_budget: int | None = None,
         special_tokens: Sequence[str] = (),
+        image_size: Callable[[int, int], tuple[int, int] | None] | None = None,
     ) -> None:
         self.settings = settings
         self.pixel_budget = pixel_budget
+        self.image_size = image_size  # the processor's exact size for an image, if known
         self.formats = tuple(settings.image_formats)
         tokens = sorted({t for t in special_tokens if t}, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
@@ -189,13 +194,19 @@ class Decoder:
             yield
 
     # ------------------------------------------------------------------ images
-    def images(self, inputs: Sequence[ImageInput], where: str) -> list[Image.Image]:
+    def images(
+        self, inputs: Sequence[ImageInput], where: str, timings: dict[str, float] | None = None
+    ) -> list[Image.Image]:
         """Decode a request's images (call inside `slot()`, off the event loop).
 
         Every header is checked before any pixel is decoded; then one image at a time is
-        decoded, shrunk and its full-size pixels released before the next one.
+        decoded, shrunk and its full-size pixels released before the next one. ``timings``
+        (if given) receives ``base64``: the milliseconds of the base64 step alone.
         """
+        start = time.perf_counter()
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
+        if timings is not None:
+            timings["base64"] = (time.perf_counter() - start) * 1e3
         probes: list[_Probe] = []
         try:
             for i, raw in enumerate(raws):
@@ -249,7 +260,7 @@ class Decoder:
                     f"{where} is {width}x{height} pixels, an aspect ratio of {ratio:.0f}:1; the "
                     f"limit is LAD_MAX_ASPECT_RATIO={self.settings.max_aspect_ratio:g}"
                 )
-            size = target_size(width, height, self.pixel_budget)
+            size = self._size(width, height)
             if image.format == "JPEG" and size != (width, height):
                 image.draft("RGB", size)  # decode at 1/2, 1/4 or 1/8 scale, still >= size
         except errors.ServiceError:
@@ -260,6 +271,21 @@ class Decoder:
             log.debug("%s has an unusable header: %r", where, exc)
             raise errors.InvalidImage(f"{where} is not a readable image") from None
         return _Probe(image, where, size)
+
+    def _size(self, width: int, height: int) -> tuple[int, int]:
+        """Where to resize to: the processor's exact input size when the model names it, it
+        is a reduction and the processor keeps it as it is (one resample; a processor pinned
+        to min = max pixels may not have such a size for a non-square image), else the
+        largest size within the pixel budget."""
+        exact = self.image_size(width, height) if self.image_size is not None else None
+        if (
+            exact is not None
+            and exact[0] <= width
+            and exact[1] <= height
+            and self.image_size(*exact) == exact
+        ):
+            return exact
+        return target_size(width, height, self.pixel_budget)
 
     def _decode(self, probe: _Probe) -> Image.Image:
         """Decode once, resize once (straight to the budget), orient, convert to RGB."""

@@ -43,7 +43,9 @@ from app.engine.methods import NEEDS_CALIBRATION
 
 prometheus_client.disable_created_metrics()
 
-STAGES: tuple[str, ...] = ("decode", "queue", "forward", "score", "debias", "encode")
+STAGES: tuple[str, ...] = (
+    "decode", "base64", "queue", "process", "forward", "score", "debias", "encode",
+)  # fmt: skip
 STORE_OPERATIONS: tuple[str, ...] = (
     "get", "put", "list", "versions", "delete", "rollback", "health",
 )  # fmt: skip

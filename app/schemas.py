@@ -143,7 +143,8 @@ class RetrieveResponse(BaseModel):
     )
     model: str = Field(description="the model id that answered (LAD_MODEL)")
     timings_ms: dict[str, float] = Field(
-        description="decode, queue, forward, score, debias, encode (forward and score are "
+        description="decode (base64 + image decode + checks), base64, queue, process (the "
+        "model's processor), forward, score, debias, encode (process, forward and score are "
         "totals of the batch this request ran in)"
     )
     details: RetrieveDetails | None = Field(

@@ -138,7 +138,9 @@ class Settings(BaseSettings):
 
     # --- execution ------------------------------------------------------------------------
     max_batch_size: int = Field(8, ge=1, description="most requests per forward pass")
-    max_wait_ms: float = Field(5.0, ge=0, description="how long a batch waits to fill")
+    max_wait_ms: float = Field(
+        0.0, ge=0, description="extra wait of a partial batch for more requests (0: none)"
+    )
     max_queue: int = Field(64, ge=1, description="queued forward passes before answering 429")
 
     # --- auth -----------------------------------------------------------------------------

@@ -15,7 +15,9 @@ Prompt length is set through the image size (a Qwen-style image processor gives
 Latency: the three variants run interleaved in one process, round by round, so they see
 the same machine state. Peak memory: each variant in a fresh process, the resident set
 sampled every 0.5 ms during three requests and reported above the level measured right
-before the first one.
+before the first one. On CUDA (``--device cuda``) everything runs in one process: the
+timings synchronise the device, and peak memory is the allocator's peak
+(``torch.cuda.max_memory_allocated``) above the level before the first request, per variant.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -51,6 +54,9 @@ class Cell:
     p90_ms: float
     peak_mib: float
     reps: int
+    # median over rounds of (this variant's time / sdpa's time in the same round): on a
+    # shared machine the load drifts between rounds, much less within one
+    paired_ratio_to_sdpa: float | None = None
 
 
 def _rss_bytes() -> int:
@@ -83,24 +89,45 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_bytes())
 
 
-def _build(model: str, side: int, threads: int):
-    """A runner whose image processor yields (side/28)^2 tokens per image."""
-    import torch
+DEVICE = {"device": "cpu", "dtype": "float32"}
+"""Where and in which dtype the runners are built (``--device``, ``--dtype``)."""
 
-    torch.set_num_threads(threads)
-    if model.startswith("tiny"):
-        from app.testing.tiny_models import tiny_runner
 
-        family = model.removeprefix("tiny-") if model != "tiny" else "qwen2_5_vl"
-        return tiny_runner(family, image_pixels=side)
-    from app.models.loader import load_runner
-
-    runner = load_runner(model, threads=threads)
+def _set_side(runner, side: int) -> None:
     runner.processor.image_processor.size = {
         "shortest_edge": side * side,
         "longest_edge": side * side,
     }
+
+
+def _build(model: str, side: int, threads: int):
+    """A runner whose image processor yields (side/28)^2 tokens per image."""
+    import torch
+
+    from app.models.loader import resolve_device, resolve_dtype
+
+    torch.set_num_threads(threads)
+    device = resolve_device(DEVICE["device"])
+    dtype = resolve_dtype(DEVICE["dtype"], device)
+    if model.startswith("tiny"):
+        from app.testing.tiny_models import tiny_runner
+
+        family = model.removeprefix("tiny-") if model != "tiny" else "qwen2_5_vl"
+        runner = tiny_runner(family, image_pixels=side)
+        runner.model.to(device=device, dtype=dtype)
+        return runner
+    from app.models.loader import load_runner
+
+    runner = load_runner(model, threads=threads, device=device, dtype=dtype)
+    _set_side(runner, side)
     return runner
+
+
+def _sync() -> None:
+    import torch
+
+    if DEVICE["device"].startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _items(n: int, side: int, query: str):
@@ -138,6 +165,7 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
             kwargs = adapter.prompt_kwargs(runner.process(items))
             extra = {"output_attentions": True} if variant == "eager" else {}
             model(**kwargs, use_cache=False, logits_to_keep=1, **extra)
+            _sync()
 
     return select, once
 
@@ -189,10 +217,12 @@ def measure_peak(model: str, variant: str, side: int, n: int, threads: int) -> f
 
 
 def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
-    """The image side (multiple of 28) whose prompt length is closest to ``target`` tokens."""
+    """The image side (multiple of 28) whose prompt length is closest to ``target`` tokens
+    (one runner; only its processor's size changes between tries)."""
     best = (0, 0)
-    for side in range(28, 28 * 40, 28):
-        runner = _build(model, side, threads)
+    runner = _build(model, 28, threads)
+    for side in range(28, 28 * 80, 28):
+        _set_side(runner, side)
         tokens = int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
         if not best[0] or abs(tokens - target) < abs(best[1] - target):
             best = (side, tokens)
@@ -201,15 +231,47 @@ def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
     return best
 
 
+def measure_cuda_peaks(model: str, side: int, n: int, threads: int) -> dict[str, float]:
+    """Per variant, the CUDA allocator's peak (MiB) during three requests, above the level
+    right before them (one process: the allocator's counters separate the variants)."""
+    import torch
+
+    calls, _ = _setup(model, side, n, threads)
+    peaks: dict[str, float] = {}
+    for variant in VARIANTS:
+        select, once = calls[variant]
+        select()
+        once()  # warm-up outside the measurement (kernels, workspaces)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(3):
+            once()
+        torch.cuda.synchronize()
+        peaks[variant] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return peaks
+
+
 def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int):
     """Run one measurement in a fresh interpreter (so memory peaks do not mix)."""
     cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
            "--reps", str(args.reps), "--threads", str(args.threads),
+           "--device", args.device, "--dtype", args.dtype,
            "--worker", kind, variant, str(side), str(n)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bench worker failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _device_name(device: str) -> str:
+    """The accelerator's own name (e.g. "NVIDIA H200"), or the CPU architecture."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.machine()})"
 
 
 def render(cells: list[Cell]) -> str:
@@ -230,15 +292,24 @@ def render(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def measure_cells(args: argparse.Namespace) -> list[Cell]:
-    """Every (prompt length, N, variant) cell, each measured in fresh worker processes."""
+def measure_cells(
+    args: argparse.Namespace, progress: Callable[[list[Cell]], object] | None = None
+) -> list[Cell]:
+    """Every (prompt length, N, variant) cell, each measured in fresh worker processes
+    (in process on CUDA); ``progress(cells so far)`` after each (length, N)."""
     cells: list[Cell] = []
     for target in (int(t) for t in args.tokens.split(",")):
         for n in (int(x) for x in args.n.split(",")):
             side, _ = side_for(args.model, target, n, args.threads)
-            latency = _worker(args, "latency", "-", side, n)
+            on_cuda = args.device.startswith("cuda")
+            if on_cuda:  # in process: synchronised timings, the allocator's own peaks
+                latency = measure_latency(args.model, side, n, args.reps, args.threads)
+                peaks = measure_cuda_peaks(args.model, side, n, args.threads)
+            else:
+                latency = _worker(args, "latency", "-", side, n)
             for variant in VARIANTS:
                 timed = np.array(latency["times_ms"][variant])
+                paired = timed / np.array(latency["times_ms"]["sdpa"])
                 cell = Cell(
                     variant=variant,
                     target_tokens=target,
@@ -247,13 +318,19 @@ def measure_cells(args: argparse.Namespace) -> list[Cell]:
                     image_side=side,
                     median_ms=float(np.median(timed)),
                     p90_ms=float(np.percentile(timed, 90)),
-                    peak_mib=_worker(args, "memory", variant, side, n),
+                    peak_mib=peaks[variant]
+                    if on_cuda
+                    else _worker(args, "memory", variant, side, n),
                     reps=args.reps,
+                    paired_ratio_to_sdpa=float(np.median(paired)),
                 )
                 cells.append(cell)
                 print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
-                      f"median {cell.median_ms:8.1f} ms  peak +{cell.peak_mib:7.1f} MiB",
+                      f"median {cell.median_ms:8.1f} ms  paired /sdpa "
+                      f"{cell.paired_ratio_to_sdpa:6.3f}  peak +{cell.peak_mib:7.1f} MiB",
                       flush=True)  # fmt: skip
+            if progress is not None:
+                progress(cells)
     return cells
 
 
@@ -266,11 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help='"cpu", "cuda" or "auto"')
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto")
     parser.add_argument("--out", default="bench/results/engine.json")
     parser.add_argument(
         "--worker", nargs=4, metavar=("KIND", "VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
+    import torch
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+    DEVICE.update(device=args.device, dtype=args.dtype)
 
     if args.worker:
         kind, variant, side, n = args.worker
@@ -281,19 +367,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    cells = measure_cells(args)
-    table = render(cells)
-    print(table)
-    write_record(args.out, {
-        "command": "lad bench engine " + " ".join(argv or []),
-        "model": args.model,
-        "torch_threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "reps": args.reps,
-        "cells": [asdict(c) for c in cells],
-        "table": table,
-    })
+    def record(cells: list[Cell], complete: bool) -> dict:
+        return {
+            "command": "lad bench engine " + " ".join(argv or []),
+            "complete": complete,
+            "model": args.model,
+            "torch_threads": args.threads,
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "device": _device_name(args.device),
+            "dtype": args.dtype,
+            "reps": args.reps,
+            "cells": [asdict(c) for c in cells],
+            "table": render(cells),
+        }
+
+    # written after every cell too, so a run stopped by a time limit keeps what it measured
+    cells = measure_cells(args, lambda done: write_record(args.out, record(done, False)))
+    print(render(cells))
+    write_record(args.out, record(cells, True))
     return 0
 
 

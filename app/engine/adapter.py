@@ -71,6 +71,12 @@ class FamilyAdapter(Protocol):
         larger images to this before the processor sees them."""
         ...
 
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """The exact (width, height) the processor resizes a width x height image to (None:
+        not known), so that decode can resize straight to it and the processor's resize
+        has nothing left to do."""
+        ...
+
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         """R_k of one (padded) row: ``n_images`` half-open token ranges, delimiters included."""
         ...

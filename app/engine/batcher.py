@@ -1,10 +1,16 @@
-"""Dynamic batcher: one worker thread, one bounded queue, batches formed by size or deadline.
+"""Adaptive batcher: one worker thread, one bounded queue, batches formed by what is waiting.
 
 Generic on purpose (it knows nothing about images or models): callers `await submit(item)`
-from any event loop; the worker thread collects up to `max_batch_size` items, waiting at
-most `max_wait_ms` after the first one, calls `handler(items) -> results` (one result per
+from any event loop; the worker thread calls `handler(items) -> results` (one result per
 item, same order) and resolves each caller's future. The handler runs only on the worker
 thread, so whatever it owns (a model) is never touched concurrently.
+
+Batches form without a timer: an idle worker starts the first item at once, together with
+whatever else is already queued (up to `max_batch_size`); items that arrive while a batch
+runs wait in the queue and become the next batch. So at low load nobody waits for company
+that never comes, and under load the batches grow by themselves. `max_wait_ms` (0 by
+default) only lets a partial batch wait that much longer for more items, for accelerators
+that want fuller batches.
 
 A batch whose handler raises is re-run one item at a time, so a poisoned item fails only
 its own caller; the worker thread never dies on a handler error.
@@ -74,7 +80,7 @@ class Batcher(Generic[T, R]):
         handler: Callable[[list[T]], list[R]],
         *,
         max_batch_size: int = 8,
-        max_wait_ms: float = 5.0,
+        max_wait_ms: float = 0.0,
         max_queue: int = 64,
         name: str = "batcher",
     ) -> None:
@@ -177,17 +183,25 @@ class Batcher(Generic[T, R]):
     # ------------------------------------------------------------------ worker
 
     def _collect(self, first: _Pending) -> tuple[list[_Pending], bool]:
-        """First item plus whatever arrives before the deadline, up to max_batch_size."""
+        """First item plus everything already queued, up to max_batch_size; never blocks
+        unless ``max_wait_ms`` > 0, and then at most that long after the queue ran dry."""
         batch = [first]
-        deadline = time.perf_counter() + self.max_wait_s
+        deadline: float | None = None
         while len(batch) < self.max_batch_size:
-            remaining = deadline - time.perf_counter()
             try:
-                nxt = self._queue.get(timeout=remaining) if remaining > 0 else (
-                    self._queue.get_nowait()
-                )
+                nxt = self._queue.get_nowait()
             except queue.Empty:
-                break
+                if self.max_wait_s <= 0:
+                    break
+                if deadline is None:
+                    deadline = time.perf_counter() + self.max_wait_s
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    nxt = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
             if nxt is _STOP:
                 return batch, True
             batch.append(nxt)

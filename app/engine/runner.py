@@ -220,6 +220,10 @@ class Runner:
         """Most pixels of one image the model's processor uses (None: unknown)."""
         return self.adapter.image_pixel_budget()
 
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """The size the model's processor gives a width x height image (None: unknown)."""
+        return self.adapter.image_size_for(width, height)
+
     def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
         resolve_labels(labels, n)  # same validation as forward
         return Fingerprint(
@@ -241,9 +245,12 @@ class Runner:
     def forward(
         self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits"
     ) -> ForwardResult:
-        """Scores s and attention a for every item, with one prompt forward for the batch."""
+        """Scores s and attention a for every item, with one prompt forward for the batch.
+        Timings: ``process`` (the processor), ``forward`` (the model), ``score`` (labels)."""
         if not items:
-            return ForwardResult(scores=[], attention=[], timings_ms={"forward": 0.0, "score": 0.0})
+            return ForwardResult(
+                scores=[], attention=[], timings_ms={"process": 0.0, "forward": 0.0, "score": 0.0}
+            )
         for item in items:
             if not item.images:
                 raise ValueError("every item needs at least one image")
@@ -251,7 +258,9 @@ class Runner:
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             batch = self.process(items, labels)
-            result = self._forward_processed(batch, tries, start)
+            process_ms = (time.perf_counter() - start) * 1e3
+            result = self._forward_processed(batch, tries)
+        result.timings_ms = {"process": process_ms, **result.timings_ms}
         result.prompt_tokens = [int(t) for t in batch.attention_mask.sum(-1).tolist()]
         return result
 

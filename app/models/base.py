@@ -131,9 +131,14 @@ class HFAdapter:
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
 
     def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
-        """The ``images`` argument of the processor call: one flat RGB list, None if empty."""
-        flat = [img.convert("RGB") for row in images for img in row]
+        """The ``images`` argument of the processor call: one flat RGB list, None if empty
+        (RGB images as they are: ``convert`` would copy their pixels for nothing)."""
+        flat = [img if img.mode == "RGB" else img.convert("RGB") for row in images for img in row]
         return flat or None
+
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """Not known in general (families with a known rule override this)."""
+        return None
 
     def image_pixel_budget(self) -> int | None:
         """Most pixels of one image the processor uses: its fixed ``height x width`` times the

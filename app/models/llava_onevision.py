@@ -79,7 +79,7 @@ class LlavaOnevisionAdapter(HFAdapter):
 
     def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
         """Images nested per prompt (the processor counts them per sample), None if empty."""
-        nested = [[img.convert("RGB") for img in row] for row in images]
+        nested = [[_rgb(img) for img in row] for row in images]
         return nested if any(nested) else None
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
@@ -96,3 +96,8 @@ class LlavaOnevisionAdapter(HFAdapter):
                 ]
         lengths = [end - start for start, end in runs]
         raise ValueError(f"cannot split <image> runs of lengths {lengths} into {n_images} images")
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    """RGB as it is (``convert`` would copy the pixels), anything else converted."""
+    return image if image.mode == "RGB" else image.convert("RGB")

@@ -17,9 +17,11 @@ from typing import Any, ClassVar
 import torch
 from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 from transformers.image_utils import SizeDict
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from app.engine.adapter import PromptBatch
 from app.models.base import HFAdapter, size_field, without_video_processor
+from app.models.image_dedup import install as install_unique_images
 from app.models.registry import register
 
 Qwen2VLProcessorNoVideo = without_video_processor(
@@ -37,6 +39,10 @@ class Qwen2VLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     # the two processors differ only in video handling, which is not used here
     processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
+
+    def __init__(self, model: torch.nn.Module, processor: Any) -> None:
+        super().__init__(model, processor)
+        install_unique_images(processor)  # perm_avg's N rotations: each image processed once
 
     @classmethod
     def set_pixel_budget(
@@ -80,6 +86,21 @@ class Qwen2VLAdapter(HFAdapter):
             getattr(image_processor, "size", None), "longest_edge"
         )
         return int(budget) if budget else None
+
+    def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
+        """The processor's own rule: sides multiples of patch x merge (28), the area within
+        [shortest_edge, longest_edge] of ``size``, aspect kept as closely as possible."""
+        image_processor = getattr(self.processor, "image_processor", None)
+        size = getattr(image_processor, "size", None)
+        low, high = size_field(size, "shortest_edge"), size_field(size, "longest_edge")
+        patch, merge = (getattr(image_processor, k, None) for k in ("patch_size", "merge_size"))
+        if not (low and high and patch and merge):
+            return None
+        try:
+            h, w = smart_resize(height, width, int(patch) * int(merge), int(low), int(high))
+        except ValueError:  # aspect ratio beyond the processor's limit: decode refuses it
+            return None
+        return int(w), int(h)
 
     def prompt_kwargs(self, batch: PromptBatch) -> dict:
         # mrope positions come from the model's own get_rope_index (mask-aware)

@@ -63,6 +63,7 @@ class Service:
         self.decoder = Decoder(
             settings, pixel_budget=runner.image_pixel_budget(),
             special_tokens=runner.special_tokens(),
+            image_size=getattr(runner, "image_size_for", None),
         )  # fmt: skip
         self.profiles = ProfileService(runner, store, metrics)
         self.method_config = MethodConfig(
@@ -142,7 +143,8 @@ class Service:
         )
 
     def _prepare(
-        self, images: Sequence[ImageInput], method: str, profile: str, labels: LabelSpec
+        self, images: Sequence[ImageInput], method: str, profile: str, labels: LabelSpec,
+        timings: dict[str, float],
     ) -> tuple[list[Image.Image], Profile | None]:
         """Off the event loop: the profile the method needs (looked up first, so a request
         that will be refused decodes nothing), then the decoded images."""
@@ -151,7 +153,7 @@ class Service:
             stored = self.profiles.current(profile, labels, len(images))
             if stored is None and not self.settings.fallback_to_vanilla:
                 raise self._uncalibrated(profile, labels, len(images))
-        return self.decoder.images(images, "images"), stored
+        return self.decoder.images(images, "images", timings), stored
 
     # -------------------------------------------------------------------- retrieve
     async def retrieve(
@@ -171,8 +173,11 @@ class Service:
                   labels=spec if isinstance(spec, str) else "custom")
         self.decoder.query(query)
         label_strings = self.check_labels(n, spec, "images")
+        timings: dict[str, float] = {}
         async with self.decoder.slot():
-            pil, stored = await run_in_threadpool(self._prepare, images, method, profile, spec)
+            pil, stored = await run_in_threadpool(
+                self._prepare, images, method, profile, spec, timings
+            )
         fallback_for = None
         if method in NEEDS_CALIBRATION and stored is None:
             # the operator's fallback (LAD_FALLBACK_TO_VANILLA): counted as such, not hidden
@@ -180,7 +185,7 @@ class Service:
             logs.note(method=method, fallback=True)
         elif stored is not None:
             logs.note(version=stored.version, labels=stored.label_scheme)
-        timings = {"decode": _ms(t0)}
+        timings["decode"] = _ms(t0)  # base64 (its own key) and image decode included
 
         results = await self._forward(query, pil, spec, passes(method, n), timings)
         t1 = time.perf_counter()
@@ -242,6 +247,7 @@ class Service:
         results = await self.worker.run(works, bulk=False)
         batches = {r.batch_id: r for r in results}.values()
         timings["queue"] = max(0.0, (min(r.started for r in results) - submitted) * 1e3)
+        timings["process"] = sum(r.process_ms for r in batches)
         timings["forward"] = sum(r.forward_ms for r in batches)
         timings["score"] = sum(r.score_ms for r in batches)
         return results

@@ -43,6 +43,7 @@ class WorkResult:
     batch_id: int
     started: float  # perf_counter when the batch started
     prompt_tokens: int | None = None  # tokens of this instance's prompt, images included
+    process_ms: float = 0.0  # the processor's time for the batch (apart from forward_ms)
 
 
 class ModelWorker:
@@ -95,6 +96,7 @@ class ModelWorker:
                     score_ms=float(out.timings_ms.get("score", 0.0)),
                     batch_size=len(batch), batch_id=batch_id, started=started,
                     prompt_tokens=tokens[j],
+                    process_ms=float(out.timings_ms.get("process", 0.0)),
                 )  # fmt: skip
         return [r for r in results if r is not None]
 

@@ -22,3 +22,28 @@ def test_bench_engine_writes_every_variant(tmp_path, capsys):
         assert cell["median_ms"] > 0
         assert cell["peak_mib"] >= 0
     assert "(b)/(a)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_attention_holds_capture_to_eager_in_both_dtypes(tmp_path, capsys):
+    out = tmp_path / "attention.json"
+    code = main(["bench", "attention", "--models", "tiny-qwen2_5_vl", "--dtypes",
+                 "float32,bfloat16", "--side", "112", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    checks = json.loads(out.read_text())["checks"]
+    assert [(c["model"], c["dtype"]) for c in checks] == [
+        ("tiny-qwen2_5_vl", "float32"), ("tiny-qwen2_5_vl", "bfloat16")]
+    for check in checks:
+        assert check["ok"] and 0 <= check["max_abs_diff"] <= check["atol"]
+        assert 0 < check["captured_mass_mean"] <= 1.0 + 1e-3
+    assert "max |captured - eager|" in capsys.readouterr().out
+
+
+def test_bench_attention_refuses_cuda_without_a_gpu(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = main(["bench", "attention", "--device", "cuda", "--out", str(tmp_path / "a.json")])
+    assert code == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()

@@ -67,6 +67,24 @@ def test_a_large_jpeg_is_decoded_at_reduced_scale_and_resized_once() -> None:
     assert out.getpixel((5, 5))[0] > 200 and out.getpixel((50, 50)) > (200, 200, 200)
 
 
+def test_decode_resizes_straight_to_the_processors_size_when_the_model_names_it() -> None:
+    asked: list[tuple[int, int]] = []
+
+    def exact(width: int, height: int) -> tuple[int, int]:
+        asked.append((width, height))
+        return 84, 56  # e.g. sides multiples of 28, a size the processor then keeps
+
+    decoder = Decoder(_settings(), pixel_budget=BUDGET, image_size=exact)
+    out = _one(decoder, _encode(_quadrants(4096).resize((4096, 2730)), "JPEG", quality=90))
+    assert out.size == (84, 56) and asked == [(4096, 2730), (84, 56)]
+    # a size the processor would change again: decode keeps the budget rule
+    moving = Decoder(_settings(), pixel_budget=BUDGET, image_size=lambda w, h: (w // 2, h // 2))
+    assert _one(moving, _encode(_quadrants(224))).size == (56, 56)
+    # a size above the image (the processor would upscale): decode keeps the budget rule
+    small = Decoder(_settings(), pixel_budget=BUDGET, image_size=lambda w, h: (w * 2, h * 2))
+    assert _one(small, _encode(_quadrants(40))).size == (40, 40)
+
+
 def test_the_request_pixel_budget_counts_decoded_pixels() -> None:
     decoder = _decoder(max_request_pixels=3 * 512 * 512)
     jpeg = _encode(_quadrants(4096), "JPEG")

@@ -12,7 +12,7 @@ from app.engine import debias
 from calibration_store import Profile, open_store
 from tests.api.helpers import data_url, multipart_files, png_bytes, retrieve_body
 
-STAGES = {"decode", "queue", "forward", "score", "debias", "encode"}
+STAGES = {"decode", "base64", "queue", "process", "forward", "score", "debias", "encode"}
 
 
 def _check_distribution(values: list[float], n: int) -> None:

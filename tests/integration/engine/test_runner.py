@@ -78,7 +78,7 @@ def _brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) 
 def test_scores_are_restricted_log_probs(runner: Runner) -> None:
     result = runner.forward(_items())
     assert isinstance(result, ForwardResult)
-    assert set(result.timings_ms) == {"forward", "score"}
+    assert set(result.timings_ms) == {"process", "forward", "score"}
     assert all(v >= 0 for v in result.timings_ms.values())
     for item, s, a in zip(_items(), result.scores, result.attention, strict=True):
         n = len(item.images)

@@ -265,3 +265,59 @@ def test_retry_after_grows_with_the_queue_and_the_measured_batch_time() -> None:
     assert batcher.retry_after_s(needed=1, depth=0) == 1  # (0 + 1) / 2 -> 1 batch + running
     assert batcher.retry_after_s(needed=8, depth=20) == math.ceil((14 + 1) * 0.5)
     assert batcher.retry_after_s(needed=8, depth=60) > batcher.retry_after_s(needed=8, depth=20)
+
+
+class GatedRecorder(Gate):
+    """Gate that also records each batch as it was formed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        return super().__call__(items)
+
+
+def test_by_default_nothing_waits_for_company() -> None:
+    assert Batcher(Recorder()).max_wait_s == 0.0
+    from app.settings import Settings
+
+    assert Settings().max_wait_ms == 0.0
+
+
+def test_arrivals_during_a_batch_form_the_next_batch() -> None:
+    handler = GatedRecorder()
+    batcher = Batcher(handler, max_batch_size=8, max_queue=64)  # no timer
+    batcher.start()
+
+    async def go() -> list[int]:
+        first = batcher.submit_many([100])  # an idle worker takes it alone, at once
+        while not handler.entered.is_set():
+            await asyncio.sleep(0.001)
+        later = [*batcher.submit_many([1, 2, 3]), *batcher.submit_many([4])]
+        handler.open.set()
+        return await asyncio.gather(*first, *later)
+
+    try:
+        assert _run(go()) == [100, 1, 2, 3, 4]
+    finally:
+        batcher.stop()
+    assert handler.batches == [[100], [1, 2, 3, 4]]
+
+
+def test_a_timer_lets_a_partial_batch_wait_but_a_full_one_runs() -> None:
+    handler = Recorder()
+    batcher = Batcher(handler, max_batch_size=2, max_wait_ms=10_000, max_queue=8)
+    batcher.start()
+
+    async def go() -> list[int]:
+        first = batcher.submit_many([1])
+        await asyncio.sleep(0.05)  # the worker holds a partial batch and waits for more
+        return await asyncio.gather(*first, *batcher.submit_many([2]))
+
+    try:
+        assert _run(go()) == [2, 4]
+    finally:
+        batcher.stop()
+    assert handler.batches == [[1, 2]]  # full at 2: it ran without waiting out the timer

@@ -1,0 +1,96 @@
+"""``lad bench attention``: captured attention == eager attention on this device and dtype.
+
+The runner reads the t_q attention row of the layers in Λ inside SDPA (``app.engine.
+attention``); the reference is the same model switched to eager attention and run with
+``output_attentions=True``. Both are reduced to the evidence the method uses, a (|Λ|, N)
+matrix of per-image attention mass, and compared element by element. The test suite does
+this on the CPU in float32 (tests/integration/engine/test_attention_capture.py); this
+command repeats it where the service really runs (``--device cuda``, bf16), and states the
+tolerance it holds the result to: the mass is a sum of softmax weights in [0, 1], and
+bf16 keeps 8 bits of mantissa (relative step 2^-8 ~ 0.004) in both paths' inputs, so
+``atol`` is 2e-2 for bfloat16/float16 and 1e-4 for float32 (TF32 and kernel order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import numpy as np
+
+from app.bench.results import write_record
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+QUERY = "a small red circle at the top on a striped background"
+
+
+def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
+    """Max |captured - eager| over layers and images for one request of ``n`` images."""
+    import torch
+
+    from app.bench import engine
+    from app.engine.attention import enable_capture
+
+    engine.DEVICE.update(device=device, dtype=dtype)
+    runner = engine._build(model, side, threads=torch.get_num_threads())
+    items = engine._items(n, side, QUERY)
+    captured = runner.forward(items).attention[0]
+    batch = runner.process(items)
+    spans = runner.adapter.image_spans(batch.input_ids[0], n)
+    adapter, net = runner.adapter, runner.model
+    net.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
+    try:
+        with torch.inference_mode():
+            out = net(**adapter.prompt_kwargs(batch), output_attentions=True, logits_to_keep=1)
+    finally:
+        enable_capture(net, adapter)
+    eager = np.zeros_like(captured)
+    for i, layer in enumerate(runner.layers):
+        row = out.attentions[layer][0, :, -1, :].double().mean(dim=0)
+        eager[i] = [float(row[s:e].sum()) for s, e in spans]
+    diff = float(np.max(np.abs(captured - eager)))
+    tol = TOLERANCE[dtype]
+    return {
+        "model": model, "device": device, "dtype": dtype, "n": n, "image_side": side,
+        "prompt_tokens": int(batch.input_ids.shape[1]), "layers": list(runner.layers),
+        "max_abs_diff": diff, "atol": tol, "ok": diff <= tol,
+        "captured_mass_mean": float(captured.sum(axis=1).mean()),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lad bench attention", description=__doc__)
+    parser.add_argument("--models", default="demo,tiny-qwen2_5_vl")
+    parser.add_argument("--device", default="cpu", help='"cpu" or "cuda"')
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--side", type=int, default=224, help="image side in pixels")
+    parser.add_argument("--out", default="bench/results/attention_check.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+    device_name = (
+        torch.cuda.get_device_name(0)
+        if args.device.startswith("cuda")
+        else f"cpu ({platform.machine()})"
+    )
+    checks: list[dict] = []
+    for model in args.models.split(","):
+        for dtype in args.dtypes.split(","):
+            check = compare(model, args.device, dtype, args.n, args.side)
+            checks.append(check)
+            verdict = "ok" if check["ok"] else "MISMATCH"
+            print(f"{model:18s} {dtype:9s} {check['prompt_tokens']:6d} tokens  max |captured - "
+                  f"eager| = {check['max_abs_diff']:.2e} (atol {check['atol']:.0e})  {verdict}",
+                  flush=True)  # fmt: skip
+            write_record(args.out, {  # after every check: a run cut short keeps the rest
+                "command": "lad bench attention " + " ".join(argv or []),
+                "device": device_name, "torch": torch.__version__, "checks": checks,
+            })  # fmt: skip
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

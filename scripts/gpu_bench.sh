@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU numbers in one run (issue 14): what a lent CUDA machine should measure.
+#
+#   OUT=<folder> scripts/gpu_bench.sh            on a machine with CUDA (writes $OUT/*.json)
+#   GPU_BENCH_DEVICE=cpu OUT=/tmp/g scripts/gpu_bench.sh   the same steps, tiny, on the CPU
+#                                                          (a rehearsal of the script itself)
+#
+# Steps, each under its own time limit so a slow one cannot starve the rest (about 9 min
+# in all; each step rewrites its JSON after every cell, so one cut short keeps what it
+# measured). The first H200 run (bench/results/gpu/h200_run1.json) used limits a third of
+# these and every step ran out of time:
+#   1. the environment: GPU name, driver, torch/transformers versions (env.json);
+#   2. captured attention == eager attention on CUDA, float32 and bfloat16, demo model and
+#      tiny Qwen2.5-VL, with the tolerance stated (attention_check.json);
+#   3. `lad bench engine`, tiny Qwen2.5-VL at ~1.5k / 6k / 16k tokens (N = 12) in bf16,
+#      ~1.5k / 6k in fp32;
+#   4. `lad bench service` on the demo model with LAD_DEVICE=cuda;
+#   5. scale in N: agd vs plain SDPA at ~1.5k tokens, N = 2, 4, 8, 12 (tiny Qwen, bf16).
+# Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
+# with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
+# GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:?set OUT to the folder for the results}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${GPU_BENCH_WHEELS:-}" ] && ls "$GPU_BENCH_WHEELS"/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$GPU_BENCH_WHEELS"/*.whl || { echo "wheel install failed"; exit 4; }
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+
+"$PY" - "$OUT/env.json" <<'EOF'
+import json, platform, subprocess, sys
+info = {"python": sys.version.split()[0], "machine": platform.machine()}
+try:
+    import torch, transformers
+    info.update(torch=torch.__version__, transformers=transformers.__version__,
+                cuda=torch.cuda.is_available())
+    if info["cuda"]:
+        info.update(device=torch.cuda.get_device_name(0), cuda_version=torch.version.cuda,
+                    memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+except Exception as exc:  # what is missing is the finding
+    info["error"] = repr(exc)
+    info.setdefault("cuda", False)
+try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False)
+    info["nvidia_smi"] = smi.stdout.strip()
+except OSError:
+    info["nvidia_smi"] = None
+import app.main  # noqa: F401  (the service imports: fails here if a package is missing)
+json.dump(info, open(sys.argv[1], "w"), indent=2)
+print(json.dumps(info))
+EOF
+[ $? -eq 0 ] || { echo "environment check failed (see above)"; exit 4; }
+
+if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
+  DEV=cpu; TOKENS=300,600; TOKENS_N=300; NS=2,4; REPS=2; SVC_REQ=8; LARGE=1; DTYPES=float32
+  TOKENS_FP32=300
+else
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA device here: the GPU benchmarks are skipped (env.json says \"cuda\": false)"
+    exit 3
+  fi
+  DEV=cuda; TOKENS=1500,6000,16000; TOKENS_N=1500; NS=2,4,8,12; REPS=5; SVC_REQ=64; LARGE=4
+  DTYPES=float32,bfloat16; TOKENS_FP32=1500,6000
+fi
+
+step() {  # step <seconds> <name> <command...>: run with a limit, log its status
+  local limit=$1 name=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"; local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)"
+}
+
+step 60 attention "$PY" -m app.cli bench attention --device "$DEV" --dtypes "$DTYPES" \
+  --out "$OUT/attention_check.json"
+step 150 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+  --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS" --n 12 \
+  --reps "$REPS" --out "$OUT/engine_tiny_bf16.json"
+LAD_DEVICE=$DEV step 120 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
+  --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
+  --out "$OUT/service_demo.json"
+step 90 "engine fp32" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+  --dtype float32 --tokens "$TOKENS_FP32" --n 12 --reps "$REPS" --out "$OUT/engine_tiny_fp32.json"
+step 90 "scale in N" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+  --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS_N" \
+  --n "$NS" --reps "$REPS" --out "$OUT/engine_scale_n.json"
+ls -la "$OUT"

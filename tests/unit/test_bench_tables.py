@@ -1,0 +1,80 @@
+"""The README's measured tables come from the JSON records (``lad bench results``), and the
+service bench's per-stage arithmetic adds up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.bench import tables
+from app.bench.service import FIXED_STAGES, SERVER_STAGES, stage_breakdown
+
+
+def _cell(variant: str, n: int, ms: float, mib: float) -> dict:
+    return {
+        "variant": variant,
+        "target_tokens": 1500,
+        "n": n,
+        "prompt_tokens": 1400 + n,
+        "image_side": 56,
+        "median_ms": ms,
+        "p90_ms": ms,
+        "peak_mib": mib,
+        "reps": 3,
+    }
+
+
+def test_rewrite_fills_blocks_between_markers_and_leaves_the_rest() -> None:
+    text = (
+        f"intro\n{tables._start('engine')}\nold table\n{tables._end('engine')}\n"
+        f"middle\n{tables._start('gpu')}\nkept\n{tables._end('gpu')}\nend\n"
+    )
+    out, missing = tables.rewrite(text, {"engine": "NEW", "gpu": None, "service": "S"})
+    assert "old table" not in out and f"{tables._start('engine')}\nNEW\n" in out
+    assert "kept" in out and out.startswith("intro\n") and out.endswith("end\n")
+    assert missing == ["gpu", "service"]  # no record / no markers: left as it is
+    assert tables.rewrite(out, {"engine": "NEW"})[0] == out  # idempotent
+
+
+def test_scale_block_reports_agd_over_vanilla_per_n(tmp_path) -> None:
+    cells = [
+        _cell("sdpa", 2, 10.0, 5.0),
+        _cell("agd", 2, 10.5, 5.5),
+        _cell("eager", 2, 30, 50),
+        _cell("sdpa", 8, 20.0, 9.0),
+        _cell("agd", 8, 20.2, 9.1),
+        _cell("eager", 8, 90, 99),
+    ]
+    record = {"command": "lad bench engine --n 2,8", "model": "demo", "cells": cells}
+    (tmp_path / "scale_n_demo.json").write_text(json.dumps(record))
+    block = tables.blocks(tmp_path)["scale-n"]
+    assert "| demo | 2 | 1402 | 10.0 | 10.5 | 1.050 | 5.0 | 5.5 | 1.100 |" in block
+    assert "| demo | 8 | 1408 | 20.0 | 20.2 | 1.010 | 9.0 | 9.1 | 1.011 |" in block
+    assert "`lad bench engine --n 2,8`" in block
+
+
+def test_committed_records_render_every_block() -> None:
+    generated = tables.blocks()
+    assert generated["engine"] and generated["service"]  # the committed records exist
+    assert "(b)/(a)" in generated["engine"]
+
+
+def test_stage_breakdown_splits_the_client_latency() -> None:
+    timings = {
+        "decode": 3.0,
+        "base64": 0.5,
+        "queue": 1.0,
+        "process": 2.0,
+        "forward": 10.0,
+        "score": 0.5,
+        "debias": 0.25,
+        "encode": 0.25,
+    }
+    stages = stage_breakdown([(20.0, timings), (22.0, timings)])
+    assert stages["image_decode"] == pytest.approx(2.5)  # decode includes base64
+    server = sum(stages[s] for s in SERVER_STAGES)
+    assert server == pytest.approx(17.0)
+    assert stages["http_json"] == pytest.approx(21.0 - 17.0)  # median latency minus stages
+    assert stages["fixed"] == pytest.approx(sum(stages[s] for s in FIXED_STAGES))
+    assert stages["fixed"] == pytest.approx(4.0 + 0.5 + 2.5 + 2.0 + 0.25)
