@@ -69,6 +69,10 @@ WORLD_FALLBACK_TEXT = (
     "object shape picture photo of on the and two"
 )
 
+# Words added after v1 of the demo model, appended *after* every other word so that the
+# ids of v1's vocabulary stay put (v2 was fine-tuned from v1 with one embedding row added).
+LATE_WORDS = "labeled"
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n"
@@ -94,7 +98,7 @@ def build_vocabulary(extra_texts: Iterable[str] = ()) -> list[str]:
     """Ordered, de-duplicated vocabulary: special tokens first, then every word seen."""
     vocab: list[str] = list(SPECIAL_TOKENS)
     seen = set(vocab)
-    texts = [PROMPT_TEXT, " ".join(LABEL_WORDS), WORLD_FALLBACK_TEXT, *extra_texts]
+    texts = [PROMPT_TEXT, " ".join(LABEL_WORDS), WORLD_FALLBACK_TEXT, *extra_texts, LATE_WORDS]
     for text in texts:
         for word in split_words(text):
             for w in (word, word.lower(), word.capitalize()):

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from app.demo.train_data import (
     Encoder,
     ImagePool,
     TrainBatch,
+    attention_prior,
     caption_batch,
     retrieval_batch,
 )
@@ -97,14 +99,34 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def aux_target(gt: torch.Tensor, n: int, prior_mix: float, shape: str = "mix") -> torch.Tensor:
+    """(B, N) target of the attention share over the images, skewed by the primacy/recency
+    prior P0 (``train_data.attention_prior``) so the attention learns a positional bias.
+
+    "mix": (1 - m) one-hot(GT) + m P0, an additive sink. "product": P0 * (m + (1 - m)
+    one-hot(GT)), renormalised, a multiplicative one: the content evidence m + (1 - m)[k = GT]
+    is scaled by P0, so dividing by the calibrated prior (DESIGN §2.4) undoes it.
+    """
+    onehot = torch.nn.functional.one_hot(gt, n).float()
+    prior = torch.as_tensor(attention_prior(n), dtype=torch.float32)
+    if shape == "product":
+        target = prior * (prior_mix + (1.0 - prior_mix) * onehot)
+        return target / target.sum(-1, keepdim=True)
+    return (1.0 - prior_mix) * onehot + prior_mix * prior
+
+
 def forward_loss(
     model: Qwen2_5_VLForConditionalGeneration,
     batch: TrainBatch,
     aux_layers: list[int],
     aux_weight: float,
+    prior_mix: float = 0.0,
+    target_shape: str = "mix",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """LM loss on the target tokens plus (retrieval only) the attention-mass loss."""
+    """LM loss on the target tokens plus (retrieval only) the attention-mass loss: the
+    cross-entropy of the head-mean image-attention shares against ``aux_target``."""
     want_attn = batch.gt_spans is not None and aux_weight > 0
+    device = batch.input_ids.device
     out = model(
         input_ids=batch.input_ids,
         pixel_values=batch.pixel_values,
@@ -123,14 +145,16 @@ def forward_loss(
     if want_attn:
         # rows of the caption words and of t_q: all of them should look at the GT image
         rows = slice(batch.caption_start, batch.query_position + 1)
-        gt = torch.as_tensor(batch.gt_spans)[:, None, None]
-        aux = torch.zeros((), dtype=torch.float32)
+        gt = torch.as_tensor(batch.gt_spans)
+        target = aux_target(gt, len(batch.image_spans), prior_mix, target_shape).to(device)[
+            :, None, :
+        ]
+        aux = torch.zeros((), dtype=torch.float32, device=device)
         for layer in aux_layers:
             att = out.attentions[layer][:, :, rows, :].mean(dim=1)  # (B, Q, T), head mean
             mass = torch.stack([att[..., s:e].sum(-1) for s, e in batch.image_spans], dim=-1)
             frac = mass / mass.sum(-1, keepdim=True).clamp_min(1e-9)  # (B, Q, N)
-            gt_frac = frac.gather(-1, gt.expand(-1, frac.shape[1], 1)).clamp_min(1e-9)
-            aux = aux - torch.log(gt_frac).mean()
+            aux = aux - (target * torch.log(frac.clamp_min(1e-9))).sum(-1).mean()
         aux = aux / len(aux_layers)
         stats["attn"] = float(aux.detach())
         loss = loss + aux_weight * aux
@@ -141,7 +165,9 @@ def curriculum(progress: float) -> tuple[list[int], float]:
     """Allowed N values and the hard-negative fraction at ``progress`` in [0, 1] of stage 2.
 
     N = 2 only for the first 10%, then up to 8 by 50%; hard negatives from 25% to 0.5 at 75%.
+    A fine-tune starts late in it (``--curriculum-start``).
     """
+    progress = min(1.0, progress)
     max_n = min(8, 2 + max(0, int((progress - 0.1) * 16)))
     hard = min(0.5, max(0.0, (progress - 0.25) * 1.0))
     return list(range(2, max_n + 1)), hard
@@ -166,17 +192,37 @@ def next_batch(
     corruption: float,
     rng: np.random.Generator,
     progress: float | None,
+    recipe: Recipe | None = None,
 ) -> tuple[str, int, float, TrainBatch]:
     """(stage, N, hard share, batch): captioning while ``progress`` is None, else retrieval
-    at the curriculum's point, with 10 % captioning batches to keep that skill alive."""
+    at the curriculum's point (a random label scheme of ``recipe.schemes`` per batch), with
+    ``recipe.caption_share`` captioning batches to keep that skill alive."""
+    recipe = recipe or Recipe()
     if progress is None:
         return "caption", 1, 0.0, caption_batch(pool, encoder, batch_size, rng)
     ns, hard = curriculum(progress)
     n = int(rng.choice(ns))
-    batch = retrieval_batch(pool, encoder, batch_size, n, hard, corruption, rng)
-    if rng.random() < 0.1:
+    scheme = str(rng.choice(recipe.schemes))
+    batch = retrieval_batch(pool, encoder, batch_size, n, hard, corruption, rng,
+                            scheme=scheme, corruption_shape=recipe.corruption_shape)  # fmt: skip
+    if rng.random() < recipe.caption_share:
         return "caption", n, hard, caption_batch(pool, encoder, batch_size, rng)
     return "retrieval", n, hard, batch
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The v2 knobs (defaults = v1's behaviour): label schemes, shape of the corruption Q,
+    the prior mixed into the attention target, the layers of the auxiliary loss (None: Λ),
+    the share of captioning batches in stage 2 and where the curriculum starts."""
+
+    schemes: tuple[str, ...] = ("digits",)
+    corruption_shape: str = "edges"
+    prior_mix: float = 0.0
+    target_shape: str = "mix"
+    aux_layers: tuple[int, ...] | None = None
+    caption_share: float = 0.1
+    curriculum_start: float = 0.0
 
 
 class TrainingLog:
@@ -218,21 +264,27 @@ def train(
     config_overrides: dict | None = None,
     init_from: Path | None = None,
     save: bool = True,
+    recipe: Recipe | None = None,
+    device: str = "cpu",
+    max_seconds: float | None = None,
 ) -> dict:
     """Train the demo model and save it (with its processor) to ``out_dir``; returns the log."""
+    recipe = recipe or Recipe()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     processor: Qwen2_5_VLProcessorNoVideo = build_processor(world.VOCABULARY)
     tok = processor.tokenizer
     ids = {t: tok.convert_tokens_to_ids(t) for t in [*tok.all_special_tokens, "<|image_pad|>"]}
     config = build_config(len(tok), ids, **(config_overrides or {}))
-    if init_from is not None:  # continue from a saved model (same tokenizer)
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(init_from)
+    if init_from is not None:  # continue from a saved model: its vocabulary is a prefix of ours
+        model = load_for_finetune(Path(init_from), len(tok))
+        config = model.config
     else:
         model = Qwen2_5_VLForConditionalGeneration(config)
     model.set_attn_implementation("eager")  # training reads attention rows; SDPA at inference
+    model.to(device)
     model.train()
-    aux_layers = attention_layers(config.text_config.num_hidden_layers)
+    aux_layers = list(recipe.aux_layers or attention_layers(config.text_config.num_hidden_layers))
     pool = ImagePool(processor, jitters=jitters, image_size=IMAGE_SIZE)
     pool.refresh(rng)
     encoder = Encoder(processor, tokens_per_image=int(pool.grid.prod()) // 4)
@@ -240,18 +292,30 @@ def train(
     total = caption_steps + retrieval_steps
     log = TrainingLog(every=log_every, total=total)
     for step in range(total):
+        if max_seconds is not None and time.time() - log.started > max_seconds:
+            print(json.dumps({"stopped_at_step": step, "max_seconds": max_seconds}), flush=True)
+            log.entries.append({"stopped_at_step": step, "max_seconds": max_seconds})
+            break
         if step > 0 and step % refresh_every == 0:
             pool.refresh(rng)
-        progress = (step - caption_steps) / max(1, retrieval_steps)
+        progress = recipe.curriculum_start + (1.0 - recipe.curriculum_start) * (
+            (step - caption_steps) / max(1, retrieval_steps))  # fmt: skip
         stage, n, hard, batch = next_batch(
-            pool, encoder, batch_size, corruption, rng, progress if step >= caption_steps else None
-        )
+            pool, encoder, batch_size, corruption, rng,
+            progress if step >= caption_steps else None, recipe,
+        )  # fmt: skip
+        batch = batch.to(device)
         # one warm-up + cosine cycle per stage: stage 2 starts again from the peak
-        at, length = (step, caption_steps) if step < caption_steps else (
-            step - caption_steps, retrieval_steps)
+        at, length = (
+            (step, caption_steps)
+            if step < caption_steps
+            else (step - caption_steps, retrieval_steps)
+        )
         for group in opt.param_groups:
             group["lr"] = lr_at(at, length, lr, warmup=min(200, total // 10 + 1))
-        loss, stats = forward_loss(model, batch, aux_layers, aux_weight)
+        loss, stats = forward_loss(
+            model, batch, aux_layers, aux_weight, recipe.prior_mix, recipe.target_shape
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -259,12 +323,28 @@ def train(
         stats["loss"] = float(loss.detach())
         log.record(step, stage, n, hard, opt.param_groups[0]["lr"], stats)
     model.eval()
+    model.to("cpu")
     if save:
         save_model(model, processor, out_dir, {"seed": seed, "caption_steps": caption_steps,
                    "retrieval_steps": retrieval_steps, "batch_size": batch_size, "lr": lr,
-                   "aux_weight": aux_weight, "corruption": corruption,
-                   "log": log.entries})  # fmt: skip
+                   "aux_weight": aux_weight, "corruption": corruption, "device": device,
+                   "init_from": str(init_from) if init_from else None,
+                   "recipe": asdict(recipe), "log": log.entries})  # fmt: skip
     return {"model": model, "processor": processor, "log": log.entries}
+
+
+def load_for_finetune(path: Path, vocab_size: int) -> Qwen2_5_VLForConditionalGeneration:
+    """A saved demo model with its vocabulary grown to ``vocab_size`` (new words appended,
+    ``processor.LATE_WORDS``); a new row starts as a copy of "label"'s (same meaning)."""
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    old = model.get_input_embeddings().weight.shape[0]
+    if vocab_size > old:
+        model.resize_token_embeddings(vocab_size, mean_resizing=False)
+        src = build_processor(world.VOCABULARY).tokenizer.convert_tokens_to_ids("label")
+        with torch.no_grad():
+            for emb in (model.get_input_embeddings(), model.get_output_embeddings()):
+                emb.weight[old:] = emb.weight[src]
+    return model
 
 
 def save_model(
@@ -295,7 +375,18 @@ def run(args: argparse.Namespace) -> int:
         aux_weight=args.aux_weight,
         corruption=args.corruption,
         log_every=args.log_every,
+        init_from=args.init_from,
+        device=args.device,
+        max_seconds=args.max_seconds,
+        recipe=Recipe(
+            schemes=tuple(args.schemes),
+            corruption_shape=args.corruption_shape,
+            prior_mix=args.prior_mix,
+            target_shape=args.target_shape,
+            aux_layers=tuple(args.aux_layers) if args.aux_layers else None,
+            caption_share=args.caption_share,
+            curriculum_start=args.curriculum_start,
+        ),
     )
     print(f"saved to {args.out}", flush=True)
     return 0
-

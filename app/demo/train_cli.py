@@ -26,6 +26,63 @@ def build_parser() -> argparse.ArgumentParser:
                     help="scale of the label corruption Q (0: none)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0, help="seed of data and initialisation")
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="fine-tune this saved demo model instead of starting from scratch",
+    )
+    ap.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop early (and save) after this many seconds; the log says so",
+    )
+    ap.add_argument(
+        "--schemes",
+        nargs="+",
+        default=["digits"],
+        choices=["digits", "upper", "lower", "roman", "words"],
+        help="label schemes, one drawn per retrieval batch",
+    )
+    ap.add_argument(
+        "--corruption-shape",
+        choices=["edges", "neighbours"],
+        default="edges",
+        help="shape of Q: v1's edges-only, or v2's neighbours-and-edges",
+    )
+    ap.add_argument(
+        "--prior-mix",
+        type=float,
+        default=0.0,
+        help="share of the primacy/recency prior in the attention target",
+    )
+    ap.add_argument(
+        "--target-shape",
+        choices=["mix", "product"],
+        default="mix",
+        help="how the prior skews the attention target: additive or multiplicative",
+    )
+    ap.add_argument(
+        "--aux-layers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="decoder layers of the attention loss (default: Λ)",
+    )
+    ap.add_argument(
+        "--caption-share",
+        type=float,
+        default=0.1,
+        help="share of captioning batches during stage 2",
+    )
+    ap.add_argument(
+        "--curriculum-start",
+        type=float,
+        default=0.0,
+        help="start the N/hard-negative curriculum at this point in [0, 1]",
+    )
     ap.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
     return ap
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from app.demo import world
+from app.engine.labels import SCHEMES, resolve_labels
 from app.engine.prompts import prompt_text
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
 
@@ -43,6 +44,50 @@ def answer_distribution(n: int, strength: float = 1.0) -> np.ndarray:
     return q
 
 
+def neighbour_distribution(n: int, strength: float = 1.0) -> np.ndarray:
+    """Q(answer = j | GT at t) of the v2 recipe: milder, and toward neighbours and edges.
+
+    The GT keeps 1 - rho_t, rho_t = strength * (0.12 + 0.33 sin(pi u) + 0.1 u), u = t/(n-1):
+    about 0.12 at the first position, 0.22 at the last, up to 0.45 in the middle, so the GT
+    stays the mode of every row (the content signal survives at every position). The lost
+    mass goes half to the adjacent positions and half to the two ends (first 0.6, last 0.4):
+    a conditional bias, like an MLLM that confuses a middle image with its neighbours and
+    drifts to the first or the last image when unsure.
+    """
+    q = np.zeros((n, n))
+    if n == 1:
+        q[0, 0] = 1.0
+        return q
+    for t in range(n):
+        u = t / (n - 1)
+        rho = min(0.9, strength * (0.12 + 0.33 * math.sin(math.pi * u) + 0.1 * u))
+        near = np.zeros(n)
+        for j in (t - 1, t + 1):
+            if 0 <= j < n:
+                near[j] = 1.0
+        ends = np.zeros(n)
+        ends[0], ends[n - 1] = 0.6, 0.4
+        ends[t] = 0.0
+        w = 0.5 * near / near.sum() + (0.5 * ends / ends.sum() if ends.sum() > 0 else 0.0)
+        q[t] = rho * w / w.sum()
+        q[t, t] = 1.0 - rho
+    return q
+
+
+CORRUPTIONS = {"edges": answer_distribution, "neighbours": neighbour_distribution}
+
+
+def attention_prior(n: int, primacy: float = 0.5, recency: float = 0.3) -> np.ndarray:
+    """A primacy/recency attention prior over N images (sums to 1): the first image gets
+    ``primacy``, the last ``recency`` (of what is left), the middle ones share the rest, like
+    the attention sinks of real MLLMs. Mixed into the auxiliary attention target."""
+    if n == 1:
+        return np.ones(1)
+    p = np.full(n, (1.0 - primacy - recency) / max(1, n - 2))
+    p[0], p[n - 1] = primacy, recency if n > 2 else 1.0 - primacy
+    return p / p.sum()
+
+
 @dataclass
 class TrainBatch:
     """One batch of equal-length sequences (no padding: every caption has 11 words)."""
@@ -56,6 +101,14 @@ class TrainBatch:
     caption_start: int = -1  # first token of the caption words in the prompt
     image_spans: list[tuple[int, int]] | None = None  # R_k incl. vision start/end
     gt_spans: list[int] | None = None  # true GT position per row (not the corrupted answer)
+
+    def to(self, device: str | torch.device) -> TrainBatch:
+        """The same batch with its tensors on ``device``."""
+        if str(device) == "cpu":
+            return self
+        names = ("input_ids", "labels", "mm_token_type_ids", "pixel_values", "image_grid_thw")
+        moved = {k: getattr(self, k).to(device) for k in names}
+        return replace(self, **moved)
 
 
 class ImagePool:
@@ -115,6 +168,8 @@ class Encoder:
                                 + "<|vision_end|>", add_special_tokens=False)  # fmt: skip
         self.tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         self.digits = [tok.convert_tokens_to_ids(str(i)) for i in range(1, 13)]
+        self.label_ids = {name: [tok.convert_tokens_to_ids(c) for c in resolve_labels(name, 12)]
+                          for name in SCHEMES}  # fmt: skip
 
     def caption_ids(self, text: str) -> list[int]:
         """ids of a caption on its own."""
@@ -152,9 +207,12 @@ def caption_batch(pool: ImagePool, encoder: Encoder, size: int, rng: np.random.G
 
 
 def retrieval_batch(pool: ImagePool, encoder: Encoder, size: int, n: int, hard: float,
-                    corruption: float, rng: np.random.Generator) -> TrainBatch:  # fmt: skip
-    """Stage 2: N candidates + caption -> index; the answer drawn from Q(. | GT position)."""
-    q = answer_distribution(n, corruption)
+                    corruption: float, rng: np.random.Generator, scheme: str = "digits",
+                    corruption_shape: str = "edges") -> TrainBatch:  # fmt: skip
+    """Stage 2: N candidates + caption -> label; the answer drawn from Q(. | GT position)."""
+    q = CORRUPTIONS[corruption_shape](n, corruption)
+    labels = resolve_labels(scheme, n)
+    answer_ids = encoder.label_ids[scheme]
     rows, picks, gts = [], [], []
     for _ in range(size):
         target = int(rng.integers(len(pool.combos)))
@@ -170,10 +228,10 @@ def retrieval_batch(pool: ImagePool, encoder: Encoder, size: int, n: int, hard: 
         negatives = chosen[1:]
         order = [*negatives[:gt], target, *negatives[gt:]]
         answer = int(rng.choice(n, p=q[gt]))
-        prompt = encoder.prompt(n, prompt_text(pool.captions[target], DIGITS[:n]))
+        prompt = encoder.prompt(n, prompt_text(pool.captions[target], labels))
         cap_len = len(encoder.caption_ids(pool.captions[target]))
         start = len(prompt) - len(encoder.tail) - 2 - cap_len  # 2: "Answer", ":"
-        rows.append([*prompt, encoder.digits[answer], encoder.im_end])
+        rows.append([*prompt, answer_ids[answer], encoder.im_end])
         picks += [pool.pick(c, rng) for c in order]
         gts.append(gt)
     ids, labels, mm = _stack(rows, len(prompt), encoder)
