@@ -3,16 +3,14 @@
 A command's module is imported only when that command runs, and no command module imports
 torch before it has parsed its arguments, so ``lad --help`` and ``lad <command> --help``
 answer at once (tests/unit/test_cli.py checks that no torch import happens for --help).
-Every command's --help shows each option's default, whichever parser the command builds.
+Every command's --help shows each option's default (``app.cli_help.command_parser``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import sys
-from collections.abc import Iterator
 
 # sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -65,40 +63,6 @@ def _overview() -> argparse.ArgumentParser:
     return parser
 
 
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Help text followed by the option's default, when it has one worth showing."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (
-            "default" in text.lower() or default is None or default is argparse.SUPPRESS
-            or default is False or not action.option_strings
-        ):
-            return text
-        return f"{text} (default: %(default)s)".strip()
-
-
-@contextlib.contextmanager
-def defaults_in_help() -> Iterator[None]:
-    """Parsers built inside show every default in --help unless they chose a formatter.
-
-    The commands' modules build plain ``argparse.ArgumentParser``s; ``lad`` gives them one
-    help style here instead of each module repeating it.
-    """
-    original = argparse.ArgumentParser.__init__
-
-    def init(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
-        original(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    argparse.ArgumentParser.__init__ = init  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.__init__ = original  # type: ignore[method-assign]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``lad <command> [<sub-command>] args...`` lazily."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -106,11 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         n = len(words.split())
         if argv[:n] == words.split():
             module = importlib.import_module(COMMANDS[words][0])
-            with defaults_in_help():
-                try:
-                    result = module.main(argv[n:])
-                except SystemExit as exc:  # argparse's --help and usage errors
-                    return exc.code if isinstance(exc.code, int) else 0
+            try:
+                result = module.main(argv[n:])
+            except SystemExit as exc:  # argparse's --help and usage errors
+                return exc.code if isinstance(exc.code, int) else 0
             return int(result or 0)
     parser = _overview()
     args = parser.parse_args(argv)

@@ -6,12 +6,12 @@ README.md; ``--check`` fails when the README is out of date (a test runs the che
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from app import errors
 from app.api.middleware import SMALL_BODY_BYTES
+from app.cli_help import command_parser
 from app.schemas import MAX_CALIBRATION_EXAMPLES
 from app.settings import MAX_N, Settings
 
@@ -90,7 +90,7 @@ def readme_block(text: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad docs limits", description=__doc__)
+    parser = command_parser(prog="lad docs limits", description=__doc__)
     parser.add_argument(
         "--write", action="store_true", help="update README.md in place (default: print them)"
     )

@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
+from app.cli_help import command_parser
 from app.settings import Settings
 
 log = logging.getLogger("lad.serve")
@@ -39,7 +40,7 @@ ENV_ONLY = frozenset({"retrieve_token", "admin_token"})
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per setting, with its environment variable and default in the help."""
-    parser = argparse.ArgumentParser(
+    parser = command_parser(
         prog="lad serve",
         description="Run the HTTP service. Every option is also an environment variable "
         "(shown) or a line of a .env file in the working directory; a flag wins. "

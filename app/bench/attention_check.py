@@ -13,12 +13,12 @@ bf16 keeps 8 bits of mantissa (relative step 2^-8 ~ 0.004) in both paths' inputs
 
 from __future__ import annotations
 
-import argparse
 import platform
 
 import numpy as np
 
 from app.bench.results import write_record
+from app.cli_help import command_parser
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 QUERY = "a small red circle at the top on a striped background"
@@ -59,7 +59,7 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench attention", description=__doc__)
+    parser = command_parser(prog="lad bench attention", description=__doc__)
     parser.add_argument("--models", default="demo,tiny-qwen2_5_vl")
     parser.add_argument("--device", default="cpu", help='"cpu" or "cuda"')
     parser.add_argument("--dtypes", default="float32,bfloat16")

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from app.bench.results import write_record
+from app.cli_help import command_parser
 
 VARIANTS = ("sdpa", "agd", "eager")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -335,7 +336,7 @@ def measure_cells(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench engine", description=__doc__)
+    parser = command_parser(prog="lad bench engine", description=__doc__)
     parser.add_argument(
         "--model", default="demo", help="demo (default), tiny-<family> or a path / hub name"
     )

@@ -10,7 +10,6 @@ JSON under bench/results/.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import time
@@ -22,6 +21,7 @@ from PIL import Image, ImageDraw
 
 from app.bench.live import PeakRSS, Served
 from app.bench.results import write_record
+from app.cli_help import command_parser
 
 SIDE = 4096
 
@@ -84,8 +84,8 @@ def run(model: str, threads: int, settle_s: float, side: int = SIDE) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(prog="lad bench memory", description=__doc__,
+                                     raw_description=True)
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     parser.add_argument("--settle-s", type=float, default=3.0,

@@ -9,7 +9,6 @@ under bench/results/.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from app.bench.results import write_record
+from app.cli_help import command_parser
 from calibration_store import Evidence, ProfileKey, open_online_store
 
 
@@ -61,10 +61,9 @@ def measure(url: str, key: ProfileKey, layers: int, count: int, prefix: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = command_parser(
         prog="lad bench online",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--n", type=int, default=12, help="candidates N per request")
     p.add_argument("--layers", type=int, default=12, help="|Λ|, layers of attention evidence")

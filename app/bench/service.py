@@ -22,7 +22,6 @@ max-batch-1 p50 at concurrency 1 (target <= 1.15) and throughput at the top conc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import io
@@ -40,6 +39,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.results import write_record
+from app.cli_help import command_parser
 from app.demo.world import make_items
 
 ENGINE_STAGES = ("forward", "score", "debias")
@@ -391,7 +391,7 @@ def summarize(rows: list[LevelResult], levels: list[int]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench service", description=__doc__)
+    parser = command_parser(prog="lad bench service", description=__doc__)
     parser.add_argument("--url", help="drive an already running service (one configuration)")
     parser.add_argument("--model", default="demo")
     parser.add_argument("--n", type=int, default=4, help="images per request")

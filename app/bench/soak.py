@@ -11,7 +11,6 @@ the resident memory at the start (after warm-up) and at the end. Targets (issue 
 
 from __future__ import annotations
 
-import argparse
 import random
 import threading
 import time
@@ -24,6 +23,7 @@ import numpy as np
 from app.bench.live import Served
 from app.bench.results import write_record
 from app.bench.service import build_payloads
+from app.cli_help import command_parser
 
 METHOD_MIX = (("agd", 0.7), ("vanilla", 0.2), ("perm_avg", 0.1))
 
@@ -158,8 +158,8 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(prog="lad bench soak", description=__doc__,
+                                     raw_description=True)
     parser.add_argument("--minutes", type=float, default=10.0, help="duration (default 10)")
     parser.add_argument("--concurrency", type=int, default=4, help="retrieval clients (4)")
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")

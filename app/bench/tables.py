@@ -9,7 +9,6 @@ A record that is missing leaves its block as it is (with a note on stderr).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 from app.bench.engine import Cell
 from app.bench.engine import render as render_engine
 from app.bench.service import Detail, LevelResult, render_details, render_table
+from app.cli_help import command_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -187,7 +187,7 @@ def rewrite(text: str, generated: dict[str, str | None]) -> tuple[str, list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lad bench results", description=__doc__)
+    parser = command_parser(prog="lad bench results", description=__doc__)
     parser.add_argument("--write", action="store_true", help="update README.md in place")
     parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
     parser.add_argument("--results", default=str(RESULTS), help="folder of the JSON records")

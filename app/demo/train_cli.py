@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.cli_help import command_parser
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "model"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="lad demo train",
         description="Train the bundled demo MLLM on the synthetic world, on CPU "
         "(app/demo/train.py says how). Prints the losses every --log-every steps.",

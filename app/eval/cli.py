@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli_help import command_parser
 from app.engine.debias import MIXTURES, VARIANTS
 from app.engine.labels import SCHEMES
 from app.engine.prompts import PROMPT_VARIANTS
@@ -39,8 +40,8 @@ def _layers(text: str) -> list[int]:
 
 
 def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        prog=prog, description=__doc__, raw_description=True,
         epilog="`lad eval rerank --help`: the windowed tournament of /v1/rerank and the "
         "profiles of one n=all calibration against per-N ones (app/eval/rerank.py)",
     )

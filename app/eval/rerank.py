@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from app.cli_help import command_parser
 from app.engine.calibrate import Calibration, estimate_calibration, multi_n_instances
 from app.engine.interface import RetrievalItem
 from app.engine.methods import MethodConfig, apply_method, passes
@@ -232,7 +233,7 @@ def render(metrics: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lad eval rerank", description=__doc__.splitlines()[0])
+    p = command_parser(prog="lad eval rerank", description=__doc__.splitlines()[0])
     add = p.add_argument
     add("--model", default="demo")
     add("--candidates", type=int, nargs="*", default=[16, 32], help="C to rerank")

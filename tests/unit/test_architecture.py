@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.models",),
     (
         "app.settings",
+        "app.cli_help",
         "app.errors",
         "app.schemas",
         "app.decode",
