@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,13 +30,15 @@ class Served:
         full_env = {**os.environ, "LAD_STORE_URL": "memory://", **env}
         command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
                    "--port", str(self.port)]  # fmt: skip
+        # The log goes to a file, not a pipe: nobody drains a pipe while the benchmark runs,
+        # and a full pipe (64 KiB of request log lines) blocks the server's event loop.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(command, env=full_env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)  # fmt: skip
+                                     stderr=self.log)  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"lad serve exited: {err[-2000:]}")
+                raise RuntimeError(f"lad serve exited: {self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
@@ -45,6 +48,10 @@ class Served:
                 self.stop()
                 raise RuntimeError(f"lad serve was not ready within {ready_timeout_s} s")
             time.sleep(0.3)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-chars:]
 
     @property
     def pid(self) -> int:
@@ -61,6 +68,7 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        self.log.close()
 
     def __enter__(self) -> Served:
         return self

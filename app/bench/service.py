@@ -27,10 +27,7 @@ import base64
 import io
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -38,6 +35,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.bench.live import Served
 from app.bench.results import write_record
 from app.cli_help import command_parser
 from app.demo.world import make_items
@@ -87,39 +85,13 @@ def build_payloads(count: int, n: int, seed: str, side: int = 224) -> list[dict]
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(model: str, max_batch_size: int, max_wait_ms: float, threads: int) -> tuple:
-    """Start ``lad serve`` on a free loopback port; returns (process, base URL)."""
-    port = _free_port()
-    env = dict(os.environ)
-    env.update(
-        LAD_MODEL=model,
-        LAD_STORE_URL="memory://",
-        LAD_MAX_BATCH_SIZE=str(max_batch_size),
-        LAD_MAX_WAIT_MS=str(max_wait_ms),
-        LAD_MAX_QUEUE="256",
-        LAD_TORCH_THREADS=str(threads),
-    )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError("server did not become ready within 180 s")
+def start_server(model: str, max_batch_size: int, max_wait_ms: float, threads: int) -> Served:
+    """``lad serve`` on a free loopback port with this configuration."""
+    return Served({
+        "LAD_MODEL": model, "LAD_MAX_BATCH_SIZE": str(max_batch_size),
+        "LAD_MAX_WAIT_MS": str(max_wait_ms), "LAD_MAX_QUEUE": "256",
+        "LAD_TORCH_THREADS": str(threads),
+    })  # fmt: skip
 
 
 async def _drive(
@@ -435,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, max_batch in configs:
             url = args.url
             if url is None:
-                proc, url = start_server(args.model, max_batch, args.max_wait_ms, args.threads)
-                procs.append(proc)
+                server = start_server(args.model, max_batch, args.max_wait_ms, args.threads)
+                procs.append(server)
+                url = server.url
             calibrate(url, calibration)
             run_chunk(url, payloads[:4], 1)  # warm-up
             servers.append((name, max_batch, url))
@@ -444,9 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.detail_requests:
             details, perm_ratio = measure_details(servers[0][2], detail_payloads, large)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
+        for server in procs:
+            server.stop()
 
     table = render_table(rows)
     print(table)
