@@ -1,9 +1,10 @@
-"""A `lad serve` subprocess on a free loopback port, and its resident memory, for the
-benchmarks that measure the whole process (memory, soak)."""
+"""A `lad serve` subprocess on a free loopback port, and its resident memory: for the
+benchmarks that measure the whole process (service, memory, soak) and the live tests."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,56 +23,78 @@ def free_port() -> int:
 
 
 class Served:
-    """`lad serve` on 127.0.0.1 with LAD_* overrides; stopped by `stop()` (or a with block)."""
+    """``lad serve`` on a free 127.0.0.1 port with LAD_* overrides, its log in a file.
 
-    def __init__(self, env: dict[str, str], *, ready_timeout_s: float = 180.0) -> None:
+    Started by ``start()`` or a with block, stopped by its PID (SIGTERM, SIGKILL after a
+    bound). The log goes to a file (``workdir``, else a temporary folder), never a pipe:
+    nobody drains a pipe while traffic runs, and a full one (64 KiB of request log lines)
+    blocks the server's event loop. The benchmarks and the tests' live service use it.
+    """
+
+    def __init__(self, env: dict[str, str] | None = None, *, workdir: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {**os.environ, "LAD_STORE_URL": "memory://", **env}
+        self.env = {**os.environ, "LAD_STORE_URL": "memory://", **(env or {})}
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="lad-serve-")
+        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.log_path = self.workdir / f"lad-serve-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 180.0) -> Served:
         command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
                    "--port", str(self.port)]  # fmt: skip
-        # The log goes to a file, not a pipe: nobody drains a pipe while the benchmark runs,
-        # and a full pipe (64 KiB of request log lines) blocks the server's event loop.
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
-        self.proc = subprocess.Popen(command, env=full_env, stdout=subprocess.DEVNULL,
-                                     stderr=self.log)  # fmt: skip
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, cwd=self.workdir, env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"lad serve exited: {self.log_tail()}")
+                code = self.proc.returncode
+                raise RuntimeError(f"lad serve exited {code}:\n{self.log()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
+                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
+                    return self
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"lad serve was not ready within {ready_timeout_s} s")
-            time.sleep(0.3)
+                raise RuntimeError(f"lad serve was not ready within {ready_timeout_s} s:\n"
+                                   f"{self.log()[-3000:]}")  # fmt: skip
+            time.sleep(0.2)
 
-    def log_tail(self, chars: int = 2000) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-chars:]
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     @property
     def pid(self) -> int:
+        assert self.proc is not None, "not started"
         return self.proc.pid
 
     def rss_mib(self) -> float:
         return status_mib(self.pid, "VmRSS")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        os.kill(self.pid, sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL; the exit code (0 if never started)."""
+        code = 0
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+            code = self.proc.returncode
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return code
 
     def __enter__(self) -> Served:
-        return self
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

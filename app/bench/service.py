@@ -91,7 +91,7 @@ def start_server(model: str, max_batch_size: int, max_wait_ms: float, threads: i
         "LAD_MODEL": model, "LAD_MAX_BATCH_SIZE": str(max_batch_size),
         "LAD_MAX_WAIT_MS": str(max_wait_ms), "LAD_MAX_QUEUE": "256",
         "LAD_TORCH_THREADS": str(threads),
-    })  # fmt: skip
+    }).start()  # fmt: skip
 
 
 async def _drive(

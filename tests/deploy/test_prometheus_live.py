@@ -18,11 +18,12 @@ import httpx
 import pytest
 import yaml
 
+from app.bench.live import free_port
 from app.demo.world import make_items
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.deploy.conftest import PROMETHEUS, tool
 from tests.deploy.test_prometheus_rules import ALERTS, RECORDING, dashboard
-from tests.live import LiveService, free_port
+from tests.live import LiveService
 
 # Grafana's variables, as the whole dashboard sees them with "All" selected. The rate
 # window is 1m (wide enough for a 2 s scrape and a minute of data).
