@@ -19,10 +19,9 @@ from app.bench.engine import Cell
 from app.bench.engine import render as render_engine
 from app.bench.service import Detail, LevelResult, render_details, render_table
 from app.cli_help import command_parser
+from app.readme_blocks import README, replace_block, sync
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-RESULTS = ROOT / "bench" / "results"
+RESULTS = README.parent / "bench" / "results"
 
 
 def _start(name: str) -> str:
@@ -177,12 +176,11 @@ def rewrite(text: str, generated: dict[str, str | None]) -> tuple[str, list[str]
     blocks that could not be filled."""
     missing = []
     for name, body in generated.items():
-        start, end = _start(name), _end(name)
-        if body is None or start not in text or end not in text:
+        replaced = None if body is None else replace_block(text, _start(name), _end(name), body)
+        if replaced is None:
             missing.append(name)
-            continue
-        head, rest = text.split(start, 1)
-        text = f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}"
+        else:
+            text = replaced
     return text, missing
 
 
@@ -202,15 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in missing:
         print(f"block {name!r}: no record or no markers in README.md; left as it is",
               file=sys.stderr)  # fmt: skip
-    if args.check:
-        if updated != text:
-            print("README.md 'Measured here' is stale: run `lad bench results --write`",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    README.write_text(updated)
-    print(f"updated {README}")
-    return 0
+    return sync(updated, check=args.check, command="lad bench results --write")
 
 
 if __name__ == "__main__":
