@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.engine.answers import DEFAULT_COT_PROMPT
+from app.engine.methods import MethodConfig
 
 DEFAULT_STORE_URL = "var/profiles"
 MAX_N = 64
@@ -171,13 +172,13 @@ class Settings(BaseSettings):
     layers: Annotated[list[int] | None, NoDecode] = Field(
         None, description="candidate layers Λ (unset: round(0.58 L) .. L-1)"
     )
-    top_k: int = Field(2, ge=1, description="K, layers kept in L*")
-    tau: float = Field(5.0, gt=0, description="posterior sharpening temperature τ")
-    posterior_variant: Literal["reference", "logmean"] = "reference"
-    mixture: Literal["linear", "log"] = "linear"
+    top_k: int = Field(MethodConfig.top_k, ge=1, description="K, layers kept in L*")
+    tau: float = Field(MethodConfig.tau, gt=0, description="posterior sharpening temperature τ")
+    posterior_variant: Literal["reference", "logmean"] = MethodConfig.posterior_variant
+    mixture: Literal["linear", "log"] = MethodConfig.mixture
     sink_guard: bool = Field(
-        True, description="leave layers whose attention prior puts < 1e-6 on some position "
-        "out of L* (DESIGN §2.4); off = exactly the reference math"
+        MethodConfig.sink_guard, description="leave layers whose attention prior puts < 1e-6 "
+        "on some position out of L* (DESIGN §2.4); off = exactly the reference math"
     )
 
     # --- prompt baselines of the evaluation (DESIGN §2.6) ----------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 from app.cli_help import command_parser
 from app.engine.debias import MIXTURES, VARIANTS
 from app.engine.labels import SCHEMES
+from app.engine.methods import MethodConfig
 from app.engine.prompts import PROMPT_VARIANTS
 from app.eval.datasets import DATASETS
 from app.eval.evidence import EVAL_METHODS
@@ -79,10 +80,11 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
         help="prompt of every score method and of calibration" + d)  # fmt: skip
     add("--layers", type=_layers, default=None, help="candidate layers Λ, e.g. 2,3 or 10-13 "
         "(default: round(0.58 L) .. L-1)")  # fmt: skip
-    add("--top-k", type=int, default=2, help="K, layers in L*" + d)
-    add("--tau", type=float, default=5.0, help="posterior sharpening τ" + d)
-    add("--posterior-variant", choices=VARIANTS, default="reference", help="§2.4 step 2" + d)
-    add("--mixture", choices=MIXTURES, default="linear", help="§2.4 step 4" + d)
+    add("--top-k", type=int, default=MethodConfig.top_k, help="K, layers in L*" + d)
+    add("--tau", type=float, default=MethodConfig.tau, help="posterior sharpening τ" + d)
+    add("--posterior-variant", choices=VARIANTS, default=MethodConfig.posterior_variant,
+        help="§2.4 step 2" + d)  # fmt: skip
+    add("--mixture", choices=MIXTURES, default=MethodConfig.mixture, help="§2.4 step 4" + d)
     add("--no-prior", action="store_true", help="posterior without the prior division (P = 1)")
     add("--no-sink-guard", dest="sink_guard", action="store_false",
         help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math")  # fmt: skip

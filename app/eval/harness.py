@@ -64,12 +64,12 @@ class EvalConfig:
     labels: str = "digits"
     prompt_variant: str = "vanilla"
     layers: list[int] | None = None
-    top_k: int = 2
-    tau: float = 5.0
-    posterior_variant: str = "reference"
-    mixture: str = "linear"
+    top_k: int = MethodConfig.top_k
+    tau: float = MethodConfig.tau
+    posterior_variant: str = MethodConfig.posterior_variant
+    mixture: str = MethodConfig.mixture
     no_prior: bool = False
-    sink_guard: bool = True
+    sink_guard: bool = MethodConfig.sink_guard
     batch_size: int = 16
     threads: int | None = 1
     samples: int = 10
