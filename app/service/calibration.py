@@ -18,7 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from app import errors, logs
 from app.decode import Decoder
 from app.engine.calibrate import (
-    estimate_calibration,
+    CalibrationStats,
+    estimate_from_stats,
     multi_n_instances,
     raw_position_share,
 )
@@ -75,8 +76,8 @@ def build_profile(
 ) -> Profile:
     """The profile of one N from its rotated instances' evidence: B and P, the raw position
     share, and what online calibration keeps (offline sums, provenance, diagnostics)."""
-    calibration = estimate_calibration(scores, attention, gt)
-    n = int(scores.shape[1])
+    stats = CalibrationStats.from_evidence(scores, attention, gt)
+    calibration = estimate_from_stats(stats)
     layers = list(service.runner.layers)
     hyper = {**service.settings.method_hyperparameters(), "num_examples": num_examples,
              **(extra or {})}  # fmt: skip
@@ -86,7 +87,7 @@ def build_profile(
         num_examples=num_examples, num_forward_passes=len(scores), hyperparameters=hyper,
         calibration_position_share=raw_position_share(scores),
         sink_layers=[layers[i] for i in calibration.sink_layers],
-        **calibration_record(scores, attention, gt, n, service.method_config),
+        **calibration_record(stats, scores, attention, gt, service.method_config),
     )  # fmt: skip
 
 

@@ -231,11 +231,12 @@ class OnlineService:
         await self._call(self.online.reset, self.profiles.stored_key(name, labels, n))
 
 
-def calibration_record(scores: Any, attention: Any, gt: Any, n: int,
+def calibration_record(stats: CalibrationStats, scores: Any, attention: Any, gt: Any,
                        config: MethodConfig) -> dict[str, Any]:  # fmt: skip
-    """What a calibration stores for online use: its offline sums (refresh blends feedback
-    into them), its provenance and its diagnostics (from the same evidence, no extra pass)."""
-    stats = CalibrationStats.from_evidence(scores, attention, gt)
+    """What a calibration stores for online use: its offline sums ``stats`` (refresh blends
+    feedback into them), its provenance and its diagnostics (from the same evidence, no
+    extra pass)."""
+    n = stats.n
     return {
         "calibration_statistics": stats.to_dict(),
         "provenance": {"source": "offline", "offline_examples": len(gt) // n},
