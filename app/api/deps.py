@@ -1,4 +1,7 @@
-"""Typed dependencies: the service, the settings and the two optional bearer tokens."""
+"""Typed dependencies: the service, the settings and the two optional bearer tokens.
+
+All ``async def``: none of them blocks, and FastAPI runs a plain ``def`` dependency in
+its thread pool, two thread hand-offs per dependency on every request."""
 
 from __future__ import annotations
 
@@ -17,11 +20,11 @@ _bearer = HTTPBearer(auto_error=False, description="LAD_RETRIEVE_TOKEN or LAD_AD
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
     service = getattr(request.app.state, "service", None)
     if service is None or not service.worker.running:
         raise errors.NotReady("the model is not loaded yet; retry shortly")
@@ -53,7 +56,7 @@ def _check_token(credentials: HTTPAuthorizationCredentials | None,
     logs.note(token=matched[0])
 
 
-def require_retrieve_token(settings: SettingsDep, credentials: Credentials) -> None:
+async def require_retrieve_token(settings: SettingsDep, credentials: Credentials) -> None:
     """LAD_RETRIEVE_TOKEN, when set, guards retrieval; the admin token is accepted too."""
     accepted = {}
     if settings.retrieve_token is not None:
@@ -63,7 +66,7 @@ def require_retrieve_token(settings: SettingsDep, credentials: Credentials) -> N
     _check_token(credentials, accepted, "retrieval")
 
 
-def require_admin_token(settings: SettingsDep, credentials: Credentials) -> None:
+async def require_admin_token(settings: SettingsDep, credentials: Credentials) -> None:
     """LAD_ADMIN_TOKEN, when set, guards calibrate, delete and rollback."""
     accepted = {"admin": settings.admin_token} if settings.admin_token is not None else {}
     _check_token(credentials, accepted, "this admin operation")

@@ -12,9 +12,11 @@ by the client (includes the client's own HTTP work) and by the service itself (t
 its ``lad_request_duration_seconds`` for /v1/retrieve, scraped before and after a level).
 
 Then, on the batching server at concurrency 1, the per-stage breakdown of a request
-(medians of the response's ``timings_ms``; "HTTP+JSON" is the client's latency minus
-every stage the server timed) and its fixed path (everything but queue, forward, score
-and debias) for four 224x224 JPEGs and for twelve 4096x4096 JPEGs, and the wall-clock
+(medians of the response's ``timings_ms``; "HTTP+JSON" is the service's own time, its
+``Server-Timing: app;dur=`` header, minus every stage it timed; "client" is the client's
+latency minus the service's time: the client's HTTP work and the loopback) and its fixed
+path (the service's own time but queue, forward, score and debias) for four 224x224 JPEGs
+and for twelve 4096x4096 JPEGs, and the wall-clock
 of perm_avg (N rotations, one batch) against vanilla. The headline ratios: batching over
 max-batch-1 p50 at concurrency 1 (target <= 1.15) and throughput at the top concurrency
 (target >= 2).
@@ -226,18 +228,38 @@ def paired_ratio(a: list[Chunk], b: list[Chunk], *, p50: bool) -> float:
     return float(np.median(ratios)) if ratios else float("nan")
 
 
-def stage_breakdown(results: list[tuple[float, dict]]) -> dict[str, float]:
-    """Median milliseconds per stage over ``(client latency, timings_ms)`` pairs.
+Sample = tuple[float, float | None, dict]
+"""One request: (client latency ms, the service's own ms from Server-Timing, timings_ms)."""
 
-    ``http_json`` is what the server did not time: HTTP, JSON parsing and validation,
-    response serialisation and the thread hand-offs. ``fixed`` is the request's fixed path,
-    everything but queue, forward, score and debias."""
+
+def server_timing_ms(header: str | None) -> float | None:
+    """The ``app`` duration of a ``Server-Timing`` header (None if absent: an older server)."""
+    for metric in (header or "").split(","):
+        name, *params = (part.strip() for part in metric.split(";"))
+        if name == "app":
+            for param in params:
+                if param.startswith("dur="):
+                    return float(param[4:])
+    return None
+
+
+def stage_breakdown(results: list[Sample]) -> dict[str, float]:
+    """Median milliseconds per stage over requests.
+
+    ``http_json`` is what the service spent on the request but did not time by stage:
+    HTTP parsing, JSON parsing and validation, response serialisation, the thread
+    hand-offs (the service's own time minus its stages; the client's latency stands in
+    for it where the server sends no Server-Timing). ``client`` is the client's latency
+    minus the service's time: the client's own HTTP work and the loopback. ``fixed`` is
+    the request's fixed path, the service's time but queue, forward, score and debias."""
     rows = []
-    for latency, t in results:
+    for latency, server, t in results:
+        own = latency if server is None else server
         row = {s: float(t.get(s, 0.0)) for s in SERVER_STAGES if s != "image_decode"}
         row["image_decode"] = max(0.0, t.get("decode", 0.0) - t.get("base64", 0.0))
-        row["http_json"] = latency - sum(row[s] for s in SERVER_STAGES)
+        row["http_json"] = own - sum(row[s] for s in SERVER_STAGES)
         row["fixed"] = sum(row[s] for s in FIXED_STAGES)
+        row["client"] = latency - own
         row["latency"] = latency
         rows.append(row)
     return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
@@ -259,8 +281,8 @@ class Detail:
 SMALL_METHODS = ("agd", "vanilla", "perm_avg")
 
 
-async def _one_by_one(url: str, jobs: list[tuple[dict, str]]) -> list[tuple[float, dict]]:
-    """(latency ms, timings_ms) of each (payload, method), sent one after the other over one
+async def _one_by_one(url: str, jobs: list[tuple[dict, str]]) -> list[Sample]:
+    """A ``Sample`` of each (payload, method), sent one after the other over one
     kept-alive connection (a new client per request would bill its connect to HTTP), each
     body encoded before its clock starts (the client's JSON encoding is not the server's)."""
     out = []
@@ -274,7 +296,8 @@ async def _one_by_one(url: str, jobs: list[tuple[dict, str]]) -> list[tuple[floa
             latency_ms = (time.perf_counter() - start) * 1e3
             if response.status_code != 200:
                 raise RuntimeError(f"a {method} request failed: {response.status_code}")
-            out.append((latency_ms, response.json()["timings_ms"]))
+            server_ms = server_timing_ms(response.headers.get("server-timing"))
+            out.append((latency_ms, server_ms, response.json()["timings_ms"]))
     return out
 
 
@@ -289,7 +312,7 @@ def measure_details(
     for k, payload in enumerate(payloads):
         jobs += [(payload, m) for m in SMALL_METHODS[k % 3 :] + SMALL_METHODS[: k % 3]]
     done = asyncio.run(_one_by_one(url, jobs))[len(SMALL_METHODS) :]
-    results: dict[str, list[tuple[float, dict]]] = {m: [] for m in SMALL_METHODS}
+    results: dict[str, list[Sample]] = {m: [] for m in SMALL_METHODS}
     for (_, method), result in zip(jobs[len(SMALL_METHODS) :], done, strict=True):
         results[method].append(result)
     small = "224x224 JPEG"
@@ -311,13 +334,15 @@ def measure_details(
 
 
 def render_details(details: list[Detail]) -> str:
-    cols = ("latency", "http_json", "base64", "image_decode", "process", "queue", "forward",
-            "score", "debias", "encode", "fixed")  # fmt: skip
-    head = ("| request (concurrency 1, median ms) | latency | HTTP+JSON | base64 | image decode "
-            "| processor | queue | forward | score | debias | encode | fixed path |")  # fmt: skip
+    cols = ("latency", "client", "http_json", "base64", "image_decode", "process", "queue",
+            "forward", "score", "debias", "encode", "fixed")  # fmt: skip
+    head = ("| request (concurrency 1, median ms) | latency | client | HTTP+JSON | base64 "
+            "| image decode | processor | queue | forward | score | debias | encode "
+            "| fixed path |")  # fmt: skip
     lines = [head, "|:--|" + "--:|" * len(cols)]
     for d in details:
-        lines.append(f"| {d.name} | " + " | ".join(f"{d.stages_ms[c]:.2f}" for c in cols) + " |")
+        cells = (f"{d.stages_ms[c]:.2f}" if c in d.stages_ms else "–" for c in cols)
+        lines.append(f"| {d.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

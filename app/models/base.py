@@ -120,12 +120,14 @@ class HFAdapter:
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
     ) -> PromptBatch:
         """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
+        flat = self.processor_images(images)
         out = self.processor(
             text=list(prompts),
-            images=self.processor_images(images),
+            images=flat,
             padding=True,
             padding_side="left",
             return_tensors="pt",
+            **self.processor_kwargs(flat or []),
         )
         inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
@@ -135,6 +137,11 @@ class HFAdapter:
         (RGB images as they are: ``convert`` would copy their pixels for nothing)."""
         flat = [img if img.mode == "RGB" else img.convert("RGB") for row in images for img in row]
         return flat or None
+
+    def processor_kwargs(self, images: Sequence[Image.Image]) -> dict[str, Any]:
+        """Extra processor options for these (RGB) images: none in general; families whose
+        processor would redo what decode already did override this."""
+        return {}
 
     def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
         """Not known in general (families with a known rule override this)."""

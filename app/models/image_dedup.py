@@ -1,9 +1,12 @@
-"""Each distinct image through the image processor once per batch, however often it appears.
+"""Each distinct image through the image processor and the vision tower once per batch,
+however often it appears.
 
-A ``perm_avg`` request runs the N cyclic rotations of one image list as one batch, so the
-batch holds every image N times; without this the image processor resizes, rescales,
-normalises and patchifies each of them N times. Images are the same when they are the
-same object (the rotations share the decoded images), so no pixel is compared or hashed.
+A ``perm_avg`` request (and a calibration) runs the N cyclic rotations of one image list
+as one batch, so the batch holds every image N times; without this the image processor
+resizes, rescales, normalises and patchifies each of them N times, and the vision tower
+encodes each of them N times (about half of a small model's forward). Images are the same
+when they are the same object (the rotations share the decoded images), so no pixel is
+compared or hashed.
 
 Valid for processors whose image output is ``pixel_values`` (the patches of all images,
 concatenated) with ``image_grid_thw`` (one row per image: its patches = t·h·w), i.e. the
@@ -12,7 +15,7 @@ Qwen2-VL family; any other output goes through the processor unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,3 +76,32 @@ def install(processor: Any) -> bool:
         return process is not None
     processor._process_images = unique_image_processing(process)
     return True
+
+
+def image_sources(images: Sequence[Any]) -> list[int] | None:
+    """For each image of a flat batch, the index of its first occurrence (the same object);
+    None when every image is distinct, i.e. when there is nothing to share."""
+    first: dict[int, int] = {}
+    sources = [first.setdefault(id(image), i) for i, image in enumerate(images)]
+    return None if len(first) == len(sources) else sources
+
+
+def unique_image_features(
+    model: Any, pixel_values: torch.Tensor, grid_thw: torch.Tensor, sources: list[int]
+) -> Any:
+    """The vision tower's output for a batch with repeated images, each encoded once.
+
+    ``model.get_image_features`` (Qwen2-VL family: patches of all images concatenated, one
+    ``grid_thw`` row per image) runs on the first occurrences only; its per-image
+    ``pooler_output`` is then repeated in the batch's order, which is what the model's own
+    forward takes as ``mm_encoder_outputs["image"]``. The tower attends within each image
+    only, so an image's features do not depend on the others in the batch.
+    """
+    sizes = grid_thw.prod(-1).tolist()
+    bounds = np.cumsum([0, *sizes]).tolist()
+    firsts = sorted(set(sources))
+    pixels = torch.cat([pixel_values[bounds[i] : bounds[i + 1]] for i in firsts])
+    out = model.get_image_features(pixels, grid_thw[firsts], return_dict=True)
+    by_first = dict(zip(firsts, out.pooler_output, strict=True))
+    out.pooler_output = tuple(by_first[s] for s in sources)
+    return out

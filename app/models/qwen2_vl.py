@@ -12,15 +12,18 @@ the three rope axes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+from PIL import Image
 from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from app.engine.adapter import PromptBatch
 from app.models.base import HFAdapter, size_field, without_video_processor
+from app.models.image_dedup import image_sources, unique_image_features
 from app.models.image_dedup import install as install_unique_images
 from app.models.registry import register
 
@@ -102,10 +105,37 @@ class Qwen2VLAdapter(HFAdapter):
             return None
         return int(w), int(h)
 
+    def processor_kwargs(self, images: Sequence[Image.Image]) -> dict[str, Any]:
+        """Skip what decode already did: the RGB conversion (``processor_images`` hands over
+        RGB images), and the resize when every image already has the processor's own size
+        (decode resamples straight to it; a resize to the same size only copies pixels)."""
+        if not images:
+            return {}
+        kwargs: dict[str, Any] = {"do_convert_rgb": False}
+        if all(self.image_size_for(*image.size) == image.size for image in images):
+            kwargs["do_resize"] = False
+        return kwargs
+
+    def process(
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+    ) -> PromptBatch:
+        """As the base, and notes which images repeat (perm_avg's rotations, calibration)."""
+        batch = super().process(prompts, images)
+        sources = image_sources([image for row in images for image in row])
+        if sources is not None:
+            batch.extra["image_sources"] = sources
+        return batch
+
     def prompt_kwargs(self, batch: PromptBatch) -> dict:
         # mrope positions come from the model's own get_rope_index (mask-aware)
         self._inner().rope_deltas = None
-        return dict(batch.inputs)
+        kwargs = dict(batch.inputs)
+        sources = batch.extra.get("image_sources")
+        if sources is not None and "pixel_values" in kwargs:  # repeated images: encode once
+            kwargs["mm_encoder_outputs"] = {"image": unique_image_features(
+                self._inner(), kwargs.pop("pixel_values"), kwargs["image_grid_thw"], sources
+            )}  # fmt: skip
+        return kwargs
 
     def _inner(self) -> torch.nn.Module:
         return getattr(self.model, "model", self.model)

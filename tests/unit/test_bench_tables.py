@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.bench import tables
-from app.bench.service import FIXED_STAGES, SERVER_STAGES, stage_breakdown
+from app.bench.service import FIXED_STAGES, SERVER_STAGES, server_timing_ms, stage_breakdown
 
 
 def _cell(variant: str, n: int, ms: float, mib: float) -> dict:
@@ -60,7 +60,13 @@ def test_committed_records_render_every_block() -> None:
     assert "(b)/(a)" in generated["engine"]
 
 
-def test_stage_breakdown_splits_the_client_latency() -> None:
+def test_server_timing_header_is_read() -> None:
+    assert server_timing_ms("app;dur=12.5") == 12.5
+    assert server_timing_ms('db;dur=3, app;desc="x";dur=7') == 7.0
+    assert server_timing_ms(None) is None and server_timing_ms("db;dur=3") is None
+
+
+def test_stage_breakdown_splits_the_service_time() -> None:
     timings = {
         "decode": 3.0,
         "base64": 0.5,
@@ -71,10 +77,13 @@ def test_stage_breakdown_splits_the_client_latency() -> None:
         "debias": 0.25,
         "encode": 0.25,
     }
-    stages = stage_breakdown([(20.0, timings), (22.0, timings)])
+    stages = stage_breakdown([(20.0, 18.0, timings), (22.0, 19.0, timings)])
     assert stages["image_decode"] == pytest.approx(2.5)  # decode includes base64
     server = sum(stages[s] for s in SERVER_STAGES)
     assert server == pytest.approx(17.0)
-    assert stages["http_json"] == pytest.approx(21.0 - 17.0)  # median latency minus stages
+    assert stages["http_json"] == pytest.approx(18.5 - 17.0)  # service time minus stages
+    assert stages["client"] == pytest.approx(2.5)  # client latency minus service time
     assert stages["fixed"] == pytest.approx(sum(stages[s] for s in FIXED_STAGES))
-    assert stages["fixed"] == pytest.approx(4.0 + 0.5 + 2.5 + 2.0 + 0.25)
+    assert stages["fixed"] == pytest.approx(1.5 + 0.5 + 2.5 + 2.0 + 0.25)
+    older = stage_breakdown([(20.0, None, timings)])  # no Server-Timing: client latency
+    assert older["http_json"] == pytest.approx(3.0) and older["client"] == 0.0

@@ -50,6 +50,10 @@ def test_uncalibrated_agd_is_409_then_served_after_calibrate(client, items, cali
     assert body["label"] == str(body["index"] + 1)
     assert set(body["timings_ms"]) == STAGES
     assert all(v >= 0 for v in body["timings_ms"].values())
+    # the service's own time, at least what its stages add up to (decode includes base64)
+    name, duration = r.headers["server-timing"].split(";")
+    stages = sum(v for k, v in body["timings_ms"].items() if k != "base64")
+    assert name == "app" and float(duration.removeprefix("dur=")) >= stages
 
 
 def test_agd_matches_the_debias_math_on_the_returned_evidence(client, items, calibrate_json):

@@ -1,5 +1,5 @@
-"""perm_avg's rotations share their images: each distinct image is processed once, and the
-batch the model sees is exactly the batch it would see without the sharing."""
+"""perm_avg's rotations share their images: each distinct image goes through the processor
+and the vision tower once, and the model answers exactly as it would without the sharing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from app.engine import debias
 from app.engine.runner import RetrievalItem
-from app.models.image_dedup import install, unique_image_processing
+from app.models.image_dedup import image_sources, install, unique_image_processing
 from app.testing.tiny_models import random_images, tiny_runner
 
 
@@ -21,8 +21,54 @@ def test_rotations_of_shared_images_give_the_same_batch_as_copies() -> None:
     assert set(a.inputs) == set(b.inputs)
     for key, value in a.inputs.items():
         assert torch.equal(value, b.inputs[key]), key
-    for x, y in zip(runner.forward(shared).scores, runner.forward(copies).scores, strict=True):
-        assert (x == y).all()  # the model's answers agree row by row
+    assert a.extra["image_sources"] == [0, 1, 2, 3, 1, 2, 3, 0, 2, 3, 0, 1, 3, 0, 1, 2]
+    assert "image_sources" not in b.extra  # copies are distinct objects: nothing shared
+    x, y = runner.forward(shared), runner.forward(copies)
+    for s, t in zip(x.scores, y.scores, strict=True):
+        assert (s == t).all()  # the model's answers agree row by row
+    for s, t in zip(x.attention, y.attention, strict=True):
+        assert (s == t).all()  # and so does the attention evidence
+
+
+def test_the_vision_tower_encodes_each_shared_image_once() -> None:
+    runner = tiny_runner("qwen2_vl")
+    images = random_images(3, seed=2, sizes=[(56, 56), (84, 56), (56, 112)])
+    items = [RetrievalItem("a cat", [images[p] for p in o]) for o in debias.rotations(3)]
+    tower = runner.model.model.visual
+    seen: list[int] = []
+    handle = tower.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(len(kwargs["grid_thw"])), with_kwargs=True
+    )
+    try:
+        runner.forward(items)
+        runner.forward([RetrievalItem("a cat", [im.copy() for im in images]) for _ in range(3)])
+    finally:
+        handle.remove()
+    assert seen == [3, 9]  # 3 distinct images of 9 once each; 9 copies all encoded
+
+
+def test_image_sources_name_first_occurrences() -> None:
+    a, b = object(), object()
+    assert image_sources([a, b, a, a, b]) == [0, 1, 0, 0, 1]
+    assert image_sources([a, b]) is None
+
+
+def test_skipping_the_processor_resize_changes_no_pixel() -> None:
+    """Decoded images already have the processor's size, so the adapter turns its resize
+    (and RGB conversion) off; the processor's output is the same as with them on."""
+    runner = tiny_runner("qwen2_5_vl", image_pixels=112)
+    adapter = runner.adapter
+    images = random_images(3, seed=7, sizes=[(112, 112)] * 3)
+    assert adapter.processor_kwargs(images) == {"do_convert_rgb": False, "do_resize": False}
+    odd = random_images(1, seed=7, sizes=[(100, 90)])
+    assert "do_resize" not in adapter.processor_kwargs(images + odd)  # not at its size
+    prompt = runner.prompts([RetrievalItem("a dog", images)], "digits")
+    call = {"text": list(prompt), "images": images, "return_tensors": "pt"}
+    fast, full = adapter.processor(**call, **adapter.processor_kwargs(images)), adapter.processor(
+        **call
+    )
+    for key, value in full.items():
+        assert torch.equal(value, fast[key]), key
 
 
 def test_the_image_processor_sees_each_image_once() -> None:
