@@ -9,7 +9,10 @@ Pillow's draft mode (a 4096² JPEG decodes at 512²), everything else decoded on
 resized once, straight to that budget, or straight to the processor's own input size
 when the model names it (Qwen: sides multiples of 28). The processor then has nothing
 left to shrink.
-Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once.
+Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once,
+their images on `LAD_DECODE_THREADS` shared threads (Pillow releases the GIL while it
+decodes, so the images of one large request decode in parallel), so at most that many
+full-size images are in memory at any moment.
 
 Conversions, so the model sees what a person sees: EXIF orientation applied; transparent
 pixels (RGBA, LA, palette with transparency) composited on white; CMYK converted to RGB
@@ -28,6 +31,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -38,6 +42,10 @@ from app.engine.labels import resolve_labels
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+THREADED_PIXELS = 1_000_000
+"""Decoded pixels of a request (after draft scaling) from which its images go to the decode
+threads: below it, decoding costs less than handing the images over."""
 
 ImageInput = str | bytes
 
@@ -183,6 +191,7 @@ class Decoder:
         tokens = sorted({t for t in special_tokens if t}, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
         self._slots: asyncio.Semaphore | None = None
+        self._threads: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ concurrency
     @asynccontextmanager
@@ -199,9 +208,10 @@ class Decoder:
     ) -> list[Image.Image]:
         """Decode a request's images (call inside `slot()`, off the event loop).
 
-        Every header is checked before any pixel is decoded; then one image at a time is
-        decoded, shrunk and its full-size pixels released before the next one. ``timings``
-        (if given) receives ``base64``: the milliseconds of the base64 step alone.
+        Every header is checked before any pixel is decoded; then each image is decoded,
+        shrunk and its full-size pixels released, on the shared decode threads (in order:
+        the answer is the same as one at a time). ``timings`` (if given) receives
+        ``base64``: the milliseconds of the base64 step alone.
         """
         start = time.perf_counter()
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
@@ -217,18 +227,32 @@ class Decoder:
                     f"{where} would decode to {total} pixels; the limit is "
                     f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
                 )
-            decoded = []
-            for probe in probes:
-                image = self._decode(probe)
-                if image is not probe.image:
-                    probe.image.close()  # the full-size pixels go now, not at the end
-                probe.image = image
-                decoded.append(image)
+            if len(probes) > 1 and self.settings.decode_threads > 1 and total > THREADED_PIXELS:
+                pending = [self._decode_threads().submit(self._decode_one, p) for p in probes]
+                wait(pending)  # all settled before an error closes what is still open
+                decoded = [future.result() for future in pending]
+            else:
+                decoded = [self._decode_one(probe) for probe in probes]
             probes.clear()
             return decoded
         finally:  # on an error: release everything opened so far
             for probe in probes:
                 probe.image.close()
+
+    def _decode_threads(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                self.settings.decode_threads, thread_name_prefix="lad-decode"
+            )
+        return self._threads
+
+    def _decode_one(self, probe: _Probe) -> Image.Image:
+        """Decode one probed image; its full-size pixels go now, not at the end."""
+        image = self._decode(probe)
+        if image is not probe.image:
+            probe.image.close()
+        probe.image = image
+        return image
 
     def _probe(self, raw: bytes, where: str) -> _Probe:
         """Open the header only: format, size and aspect ratio checked, draft scale set."""

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     max_concurrent_decodes: int = Field(
         2, ge=1, description="requests decoding images at once (bounds decode memory)"
     )
+    decode_threads: int = Field(
+        2, ge=1, le=64, description="threads decoding images at once, shared by all requests "
+        "(Pillow decodes without the GIL); each holds one full-size image at a time"
+    )
     max_query_chars: int = Field(2000, ge=1, description="longest query / caption")
     max_label_chars: int = Field(32, ge=1, description="longest single label")
     max_label_tokens: int = Field(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import errors
+from app import decode, errors
 from app.decode import Decoder, sniff_format, target_size
 from app.settings import Settings
 
@@ -231,3 +231,27 @@ def test_label_limits() -> None:
     decoder.check_label_tokens([5, 5])
     with pytest.raises(errors.InvalidLabels, match="LAD_MAX_LABEL_TOKENS=10"):
         decoder.check_label_tokens([5, 6])
+
+
+def test_shared_decode_threads_give_the_same_images_in_order(monkeypatch) -> None:
+    monkeypatch.setattr(decode, "THREADED_PIXELS", 0)  # every request through the threads
+    rng = np.random.default_rng(3)
+    raws = [
+        _encode(Image.fromarray(rng.integers(0, 255, (300 + 37 * i, 280, 3), dtype=np.uint8)),
+                "JPEG" if i % 2 else "PNG")
+        for i in range(6)
+    ]  # fmt: skip
+    threaded = _decoder(decode_threads=4).images(raws, "images")
+    serial = _decoder(decode_threads=1).images(raws, "images")
+    assert [im.size for im in threaded] == [im.size for im in serial]
+    for a, b in zip(threaded, serial, strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_bad_image_among_threaded_decodes_is_named(monkeypatch) -> None:
+    monkeypatch.setattr(decode, "THREADED_PIXELS", 0)
+    good = _encode(_quadrants(200))
+    noise = _encode(Image.effect_noise((200, 200), 50).convert("RGB"))
+    truncated = noise[: len(noise) // 2]  # the header reads: it fails while decoding
+    with pytest.raises(errors.InvalidImage, match=r"images\[2\] is truncated"):
+        _decoder(decode_threads=4).images([good, good, truncated, good], "images")
