@@ -123,3 +123,19 @@ def test_decode_gives_the_qwen_processor_its_exact_input_size() -> None:
     # (it would resize 140 x 84 up again), so decode falls back to the pixel budget
     assert runner.image_size_for(1000, 600) == (140, 84)
     assert runner.image_size_for(140, 84) != (140, 84)
+
+
+def test_generation_with_shared_images_equals_copies() -> None:
+    """The generation baselines (cot, self-consistency) take the same shared-image path: the
+    encoder outputs serve the prompt step, and the decoding steps run without them."""
+    from app.engine.generate import generate_answers
+
+    runner = tiny_runner("qwen2_5_vl")
+    images = random_images(3, seed=1, sizes=[(56, 56)] * 3)
+    orders = debias.rotations(3)
+    shared = [RetrievalItem("a cat", [images[p] for p in o]) for o in orders]
+    copies = [RetrievalItem("a cat", [images[p].copy() for p in o]) for o in orders]
+    a = generate_answers(runner, shared, max_new_tokens=6)
+    b = generate_answers(runner, copies, max_new_tokens=6)
+    assert [g.texts for g in a] == [g.texts for g in b]
+    assert [g.forward_passes for g in a] == [g.forward_passes for g in b]
