@@ -102,9 +102,9 @@ def test_exactly_one_prompt_forward_and_no_generate(
     calls: list[dict] = []
 
     def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
-        calls.append(
-            {"pixels": kwargs.get("pixel_values") is not None, "cache": kwargs.get("use_cache")}
-        )
+        # the images reach the model as pixels, or (repeated images) as their encoder outputs
+        images = kwargs.get("pixel_values") is not None or bool(kwargs.get("mm_encoder_outputs"))
+        calls.append({"pixels": images, "cache": kwargs.get("use_cache")})
 
     def no_generate(*_a: object, **_k: object) -> None:
         raise AssertionError("generate() must not be called on the scoring path")
