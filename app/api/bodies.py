@@ -10,7 +10,7 @@ larger ones are refused at the byte that crosses the limit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,3 +216,30 @@ def not_json_or_form(media_type: str) -> errors.UnsupportedMediaType:
         f"content type {media_type or '(none)'!r} is not supported; send application/json "
         "or multipart/form-data"
     )
+
+
+async def read_query_body(
+    request: Request,
+    settings: Any,
+    *,
+    json_model: Any,
+    options_model: Any,
+    files_field: str,
+    max_files: int,
+    form_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[Any, str, list[str | bytes]]:
+    """The body of a query route (retrieve, rerank), JSON or multipart/form-data:
+    (options, query, the ``files_field`` images in order). The JSON body is its own
+    options; a form's text options pass through ``form_fields`` (if given) first."""
+    media_type = content_type(request)
+    if is_json(media_type):
+        body = await read_json(request, json_model)
+        return body, body.query, list(getattr(body, files_field))
+    if media_type != "multipart/form-data":
+        raise not_json_or_form(media_type)
+    option_fields = tuple(options_model.model_fields)
+    limits = query_form_limits(settings, max_files, len(option_fields))
+    raw, query, files = split_form(await read_form(request, limits), files_field, option_fields)
+    if form_fields is not None:
+        raw = form_fields(raw)
+    return form_options(options_model, raw), query, files

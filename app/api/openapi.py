@@ -16,6 +16,20 @@ from fastapi.openapi.utils import get_openapi
 from app.settings import Settings
 
 
+def json_or_form_body(model: Any, example: Any, form_schema: dict[str, Any]) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads its body by hand, as JSON (``model``,
+    with a working ``example``) or as multipart/form-data (``form_schema``)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": model.model_json_schema(), "example": example},
+                "multipart/form-data": {"schema": form_schema},
+            },
+        }
+    }
+
+
 def _patch_limits(node: Any, settings: Settings) -> None:
     """Set the instance's limits on every object schema with these property names."""
     if isinstance(node, list):

@@ -6,29 +6,19 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from app.api.bodies import (
-    FormLimits,
-    content_type,
-    form_options,
-    is_json,
-    not_json_or_form,
-    query_form_limits,
-    read_form,
-    read_json,
-    split_form,
-)
+from app.api.bodies import read_query_body
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
+from app.api.openapi import json_or_form_body
 from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES
 from app.engine.methods import METHODS
 from app.schemas import RERANK_EXAMPLE, RerankOptions, RerankRequest, RerankResponse
 from app.service.rerank import rerank as run_rerank
-from app.settings import MAX_N, Settings
+from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(tags=["rerank"])
 
-_OPTION_FIELDS = tuple(RerankOptions.model_fields)
 _INT = {"type": "integer", "minimum": 0}
 _MULTIPART_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -50,17 +40,7 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
         "seed": {**_INT, "description": "seed of the window assignment"},
     },
 }  # fmt: skip
-_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": RerankRequest.model_json_schema(), "example": RERANK_EXAMPLE,
-            },
-            "multipart/form-data": {"schema": _MULTIPART_SCHEMA},
-        },
-    }
-}  # fmt: skip
+_OPENAPI = json_or_form_body(RerankRequest, RERANK_EXAMPLE, _MULTIPART_SCHEMA)
 DESCRIPTION = """Order up to LAD_MAX_RERANK_CANDIDATES candidate images by how well they match
 `query`, position-debiased. Up to the window size (default: the largest N the profile is
 calibrated for) the documents are one prompt. Above it a **windowed tournament** runs: each
@@ -70,19 +50,6 @@ in one batch of forward passes) and debiased with the profile of its own N; the 
 min(top_n, size - 1) of each window advance, until one window remains. The ranking orders
 documents by the round they reached, then by their probability in their last window.
 `meta.forward_passes` is what it cost (perm_avg: N passes per window)."""
-
-
-def _form_limits(settings: Settings) -> FormLimits:
-    return query_form_limits(settings, settings.max_rerank_candidates, len(_OPTION_FIELDS))
-
-
-async def _from_form(
-    request: Request, settings: Settings
-) -> tuple[RerankOptions, str, list[str | bytes]]:
-    form = await read_form(request, _form_limits(settings))
-    raw, query, documents = split_form(form, "documents", _OPTION_FIELDS)
-    options = form_options(RerankOptions, raw)
-    return options, query, documents
 
 
 @router.post(
@@ -95,13 +62,9 @@ async def _from_form(
     description=DESCRIPTION,
 )
 async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -> RerankResponse:
-    media_type = content_type(request)
-    if is_json(media_type):
-        body: RerankRequest = await read_json(request, RerankRequest)
-        options: RerankOptions = body
-        query, documents = body.query, list(body.documents)
-    elif media_type == "multipart/form-data":
-        options, query, documents = await _from_form(request, settings)
-    else:
-        raise not_json_or_form(media_type)
+    options: RerankOptions
+    options, query, documents = await read_query_body(
+        request, settings, json_model=RerankRequest, options_model=RerankOptions,
+        files_field="documents", max_files=settings.max_rerank_candidates,
+    )  # fmt: skip
     return await run_rerank(service, query, documents, options)

@@ -7,28 +7,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from app import errors
-from app.api.bodies import (
-    FormLimits,
-    content_type,
-    form_options,
-    is_json,
-    not_json_or_form,
-    query_form_limits,
-    read_form,
-    read_json,
-    split_form,
-)
+from app.api.bodies import read_query_body
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
+from app.api.openapi import json_or_form_body
 from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES, parse_labels
 from app.engine.methods import METHODS
 from app.schemas import RETRIEVE_EXAMPLE, RetrieveOptions, RetrieveRequest, RetrieveResponse
-from app.settings import MAX_N, Settings
+from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(tags=["retrieve"])
 
-_OPTION_FIELDS = tuple(RetrieveOptions.model_fields)
 _SCHEME_PATTERN = "^(" + "|".join(SCHEMES) + r")$|^\[.*\]$|^[^,]+(,[^,]+)+$"
 _MULTIPART_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -49,36 +39,18 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
                            "description": "also return scores, attention, layers"},
     },
 }  # fmt: skip
-_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": RetrieveRequest.model_json_schema(), "example": RETRIEVE_EXAMPLE,
-            },
-            "multipart/form-data": {"schema": _MULTIPART_SCHEMA},
-        },
-    }
-}
+_OPENAPI = json_or_form_body(RetrieveRequest, RETRIEVE_EXAMPLE, _MULTIPART_SCHEMA)
 
 
-def form_limits(settings: Settings) -> FormLimits:
-    return query_form_limits(settings, settings.max_images, len(_OPTION_FIELDS))
-
-
-async def _from_form(
-    request: Request, settings: Settings
-) -> tuple[RetrieveOptions, str, list[str | bytes]]:
-    form = await read_form(request, form_limits(settings))
-    raw, query, images = split_form(form, "images", _OPTION_FIELDS)
+def _form_labels(raw: dict[str, Any]) -> dict[str, Any]:
+    """A form's ``labels`` text: a scheme name, a JSON list or a comma list of N labels."""
     if "labels" in raw:
         try:
             labels = parse_labels(raw["labels"])
         except ValueError as exc:
             raise errors.InvalidLabels(str(exc)) from None
         raw["labels"] = labels if isinstance(labels, str) else list(labels)
-    options = form_options(RetrieveOptions, raw)
-    return options, query, images
+    return raw
 
 
 @router.post(
@@ -93,15 +65,11 @@ async def retrieve(
     request: Request, service: ServiceDep, settings: SettingsDep
 ) -> RetrieveResponse:
     """Answer which of N images matches `query` (JSON with base64 images, or multipart files)."""
-    media_type = content_type(request)
-    if is_json(media_type):
-        body: RetrieveRequest = await read_json(request, RetrieveRequest)
-        options: RetrieveOptions = body
-        query, images = body.query, list(body.images)
-    elif media_type == "multipart/form-data":
-        options, query, images = await _from_form(request, settings)
-    else:
-        raise not_json_or_form(media_type)
+    options: RetrieveOptions
+    options, query, images = await read_query_body(
+        request, settings, json_model=RetrieveRequest, options_model=RetrieveOptions,
+        files_field="images", max_files=settings.max_images, form_fields=_form_labels,
+    )  # fmt: skip
     return await service.retrieve(
         query=query, images=images, method=options.method, profile=options.profile,
         labels=options.labels, return_details=options.return_details,
