@@ -29,7 +29,7 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
     import torch
 
     from app.bench import engine
-    from app.engine.attention import enable_capture
+    from app.engine.attention import eager_attentions, span_mass
 
     engine.DEVICE.update(device=device, dtype=dtype)
     runner = engine._build(model, side, threads=torch.get_num_threads())
@@ -37,17 +37,8 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
     captured = runner.forward(items).attention[0]
     batch = runner.process(items)
     spans = runner.adapter.image_spans(batch.input_ids[0], n)
-    adapter, net = runner.adapter, runner.model
-    net.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
-    try:
-        with torch.inference_mode():
-            out = net(**adapter.prompt_kwargs(batch), output_attentions=True, logits_to_keep=1)
-    finally:
-        enable_capture(net, adapter)
-    eager = np.zeros_like(captured)
-    for i, layer in enumerate(runner.layers):
-        row = out.attentions[layer][0, :, -1, :].double().mean(dim=0)
-        eager[i] = [float(row[s:e].sum()) for s, e in spans]
+    attentions = eager_attentions(runner.model, runner.adapter, batch, logits_to_keep=1)
+    eager = span_mass(attentions, 0, -1, runner.layers, spans)
     diff = float(np.max(np.abs(captured - eager)))
     tol = TOLERANCE[dtype]
     return {

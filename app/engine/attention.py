@@ -148,6 +148,33 @@ def enable_capture(model: torch.nn.Module, adapter: FamilyAdapter) -> None:
     model.set_attn_implementation(adapter.attn_implementation(CAPTURE_IMPLEMENTATION, "sdpa"))
 
 
+def eager_attentions(
+    model: torch.nn.Module, adapter: FamilyAdapter, batch: Any, **kwargs: Any
+) -> tuple[torch.Tensor, ...]:
+    """The reference the capture is checked against (the tests, ``lad bench attention``):
+    the prompt forward on eager attention with ``output_attentions``, a (B, H, T, T) matrix
+    per layer. The capture path is restored afterwards."""
+    model.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
+    try:
+        with torch.inference_mode():
+            out = model(**adapter.prompt_kwargs(batch), output_attentions=True, **kwargs)
+    finally:
+        enable_capture(model, adapter)
+    return out.attentions
+
+
+def span_mass(
+    attentions: Sequence[torch.Tensor], row: int, t_q: int, layers: Sequence[int],
+    spans: Sequence[tuple[int, int]],
+) -> np.ndarray:
+    """(|Λ|, N) a_k^(l) of §2.2 from full attention matrices: the head-mean attention of
+    position ``t_q`` of ``row``, summed over each image span."""
+    return np.array([
+        [float(attentions[layer][row, :, t_q, s:e].double().mean(0).sum()) for s, e in spans]
+        for layer in layers
+    ])  # fmt: skip
+
+
 def default_layers(
     num_layers: int, start_fraction: float = LAYER_START_FRACTION
 ) -> tuple[int, ...]:

@@ -10,8 +10,9 @@ from app.engine.attention import (
     CAPTURE_IMPLEMENTATION,
     capture,
     default_layers,
-    enable_capture,
+    eager_attentions,
     last_row_attention,
+    span_mass,
 )
 from app.engine.labels import resolve_labels
 from app.engine.runner import RetrievalItem, chain_path, fold_batch
@@ -43,18 +44,10 @@ def test_capture_matches_eager(family: str) -> None:
     assert bool((batch.attention_mask[:, 0] == 0).any()), "expected left padding"
     spans = [adapter.image_spans(batch.input_ids[r], n) for r, n in enumerate(batch.n_images)]
 
-    model.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
-    try:
-        with torch.inference_mode():
-            out = model(**adapter.prompt_kwargs(batch), output_attentions=True, logits_to_keep=1)
-    finally:
-        enable_capture(model, adapter)
-    assert len(out.attentions) == runner.num_layers
+    attentions = eager_attentions(model, adapter, batch, logits_to_keep=1)
+    assert len(attentions) == runner.num_layers
     for row, row_spans in enumerate(spans):
-        expected = np.zeros((len(runner.layers), len(row_spans)))
-        for i, layer in enumerate(runner.layers):
-            last = out.attentions[layer][row, :, -1, :].double().mean(dim=0)
-            expected[i] = [float(last[s:e].sum()) for s, e in row_spans]
+        expected = span_mass(attentions, row, -1, runner.layers, row_spans)
         got = result.attention[row]
         assert got.shape == (len(runner.layers), batch.n_images[row])
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
@@ -145,22 +138,10 @@ def test_folded_capture_matches_eager_at_t_q(family: str) -> None:
     assert batch.attention_mask[:, -1].tolist() == [1, 1]  # row 0 ends with its chain
     assert query_index.tolist() == [batch.input_ids.shape[1] - 2, batch.input_ids.shape[1] - 1]
 
-    model.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
-    try:
-        with torch.inference_mode():
-            out = model(**adapter.prompt_kwargs(batch), output_attentions=True, use_cache=False)
-    finally:
-        enable_capture(model, adapter)
+    attentions = eager_attentions(model, adapter, batch, use_cache=False)
     for row, item in enumerate(items):
         spans = adapter.image_spans(batch.input_ids[row], len(item.images))
-        t_q = int(query_index[row])
-        expected = np.array(
-            [
-                [float(out.attentions[layer][row, :, t_q, s:e].double().mean(0).sum())
-                 for s, e in spans]
-                for layer in runner.layers
-            ]
-        )  # fmt: skip
+        expected = span_mass(attentions, row, int(query_index[row]), runner.layers, spans)
         np.testing.assert_allclose(result.attention[row], expected, atol=1e-5, rtol=0)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.engine.attention import span_mass
 from app.engine.labels import resolve_labels
 from app.engine.runner import RetrievalItem, Runner
 from app.models.internvl import InternVLAdapter
@@ -150,12 +151,7 @@ def test_captured_attention_equals_eager_attention(family: str, runner: Runner) 
         out = eager(**runner.adapter.prompt_kwargs(batch), output_attentions=True)
     for row, item in enumerate(items):
         spans = runner.adapter.image_spans(batch.input_ids[row], len(item.images))
-        expected = np.array(
-            [
-                [out.attentions[layer][row, :, -1, s:e].mean(0).sum().item() for s, e in spans]
-                for layer in runner.layers
-            ]
-        )
+        expected = span_mass(out.attentions, row, -1, runner.layers, spans)
         np.testing.assert_allclose(result.attention[row], expected, atol=1e-5, rtol=0)
 
 
