@@ -85,6 +85,10 @@ class FamilyAdapter(Protocol):
         """L, the number of decoder layers of the text model."""
         ...
 
+    def attention_layers(self) -> tuple[int, ...]:
+        """The decoder layers whose softmax attention sees every image: Λ's candidates."""
+        ...
+
     def end_token_id(self) -> int:
         """The token written right after a label (end of turn): the label trie's EOS."""
         ...

@@ -153,14 +153,19 @@ def eager_attentions(
 ) -> tuple[torch.Tensor, ...]:
     """The reference the capture is checked against (the tests, ``lad bench attention``):
     the prompt forward on eager attention with ``output_attentions``, a (B, H, T, T) matrix
-    per layer. The capture path is restored afterwards."""
+    per decoder layer (None for a layer without softmax attention, e.g. a linear-attention
+    layer of a hybrid model, which reports nothing). The capture path is restored afterwards."""
     model.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
     try:
         with torch.inference_mode():
             out = model(**adapter.prompt_kwargs(batch), output_attentions=True, **kwargs)
     finally:
         enable_capture(model, adapter)
-    return out.attentions
+    attentions, layers = tuple(out.attentions), adapter.attention_layers()
+    if len(attentions) == len(layers) < adapter.num_layers():  # only softmax layers report
+        by_layer = dict(zip(layers, attentions, strict=True))
+        return tuple(by_layer.get(layer) for layer in range(adapter.num_layers()))
+    return attentions
 
 
 def span_mass(
@@ -176,13 +181,22 @@ def span_mass(
 
 
 def default_layers(
-    num_layers: int, start_fraction: float = LAYER_START_FRACTION
+    num_layers: int,
+    start_fraction: float = LAYER_START_FRACTION,
+    attention_layers: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
-    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2)."""
+    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2), keeping only ``attention_layers``
+    (the layers whose softmax attention sees every image; default all) and, when none of
+    them is that late, the last of them."""
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")
     start = min(round(start_fraction * num_layers), num_layers - 1)
-    return tuple(range(start, num_layers))
+    if attention_layers is None:
+        return tuple(range(start, num_layers))
+    eligible = sorted({int(layer) for layer in attention_layers if 0 <= layer < num_layers})
+    if not eligible:
+        raise ValueError("the model has no layer with softmax attention over the whole prompt")
+    return tuple(layer for layer in eligible if layer >= start) or (eligible[-1],)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ different images; rows are left-padded.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -48,12 +49,20 @@ TRIE_CACHE_SIZE = 256
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
-    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched)."""
-    selected = DynamicCache()
-    for layer_idx, layer in enumerate(cache.layers):
-        selected.update(
-            layer.keys.index_select(0, rows), layer.values.index_select(0, rows), layer_idx
-        )
+    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched).
+
+    Each layer, whatever it holds (keys and values, or a linear-attention layer's conv and
+    recurrent states), is copied with its own state containers and row-selected by
+    transformers' ``reorder_cache``, which writes new tensors into the copy only."""
+    selected = copy.copy(cache)
+    selected.layers = []
+    for layer in cache.layers:
+        clone = copy.copy(layer)
+        for name, value in vars(layer).items():
+            if isinstance(value, dict):  # per-state tensors: the copy gets its own dict
+                setattr(clone, name, dict(value))
+        clone.reorder_cache(rows)
+        selected.layers.append(clone)
     return selected
 
 
@@ -158,9 +167,18 @@ class Runner:
         self.prompt_variant = prompt_variant
         prompt_hash(prompt_variant, "")  # validates the variant early
         self.num_layers = self.adapter.num_layers()
-        chosen = default_layers(self.num_layers) if layers is None else tuple(layers)
-        if not chosen or any(not 0 <= int(layer) < self.num_layers for layer in chosen):
-            raise ValueError(f"layers must be a non-empty subset of 0..{self.num_layers - 1}")
+        eligible = self.adapter.attention_layers()  # the capture is asked for no other layer
+        chosen = (
+            default_layers(self.num_layers, attention_layers=eligible)
+            if layers is None else tuple(layers)
+        )  # fmt: skip
+        if not chosen or any(int(layer) not in eligible for layer in chosen):
+            every = eligible == tuple(range(self.num_layers))
+            shown = f"0..{self.num_layers - 1}" if every else ", ".join(map(str, eligible))
+            raise ValueError(
+                f"layers must be a non-empty subset of {shown} (the layers with softmax "
+                "attention over the whole prompt)"
+            )
         self.layers: tuple[int, ...] = tuple(sorted({int(layer) for layer in chosen}))
         enable_capture(self.model, self.adapter)
         self._lock = threading.Lock()

@@ -36,6 +36,13 @@ class HFAdapter:
     processor_class: ClassVar[type | None] = None
     # processor_config.json keys the parts-based rebuild needs (e.g. image token counts)
     processor_settings: ClassVar[tuple[str, ...]] = ()
+    # extra variables of the chat template (e.g. enable_thinking=False: answer, do not think)
+    chat_template_kwargs: ClassVar[dict[str, Any]] = {}
+    # documentation (the README family table): the image-token layout in one line, the knob
+    # that bounds the tokens per image, and what was tested
+    doc_layout: ClassVar[str] = ""
+    doc_pixel_knob: ClassVar[str] = ""
+    doc_tested: ClassVar[str] = ""
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -103,8 +110,10 @@ class HFAdapter:
 
     def render(self, n_images: int, text: str) -> str:
         """The prompt string through the model's chat template, generation prompt added."""
+        template = self.chat_template()  # its own variables only: others go to the processor
+        extra = {k: v for k, v in self.chat_template_kwargs.items() if k in template}
         return self.processor.apply_chat_template(
-            self.messages(n_images, text), tokenize=False, add_generation_prompt=True
+            self.messages(n_images, text), tokenize=False, add_generation_prompt=True, **extra
         )
 
     def chat_template(self) -> str:
@@ -188,6 +197,12 @@ class HFAdapter:
     def num_layers(self) -> int:
         """L, the number of decoder layers of the text model."""
         return int(self.text_config().num_hidden_layers)
+
+    def attention_layers(self) -> tuple[int, ...]:
+        """The decoder layers whose softmax attention sees the whole prompt (every image): the
+        only layers Λ may hold. Default: all of them; hybrid families (linear-attention or
+        sliding-window layers) override this from their config."""
+        return tuple(range(self.num_layers()))
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

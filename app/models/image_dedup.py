@@ -104,4 +104,9 @@ def unique_image_features(
     out = model.get_image_features(pixels, grid_thw[firsts], return_dict=True)
     by_first = dict(zip(firsts, out.pooler_output, strict=True))
     out.pooler_output = tuple(by_first[s] for s in sources)
+    levels = getattr(out, "deepstack_features", None)  # Qwen3-VL: per image at each level
+    if levels is not None:
+        out.deepstack_features = [
+            tuple(dict(zip(firsts, level, strict=True))[s] for s in sources) for level in levels
+        ]
     return out

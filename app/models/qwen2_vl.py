@@ -42,6 +42,10 @@ class Qwen2VLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     # the two processors differ only in video handling, which is not used here
     processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
+    # the config keys of the image delimiters' token ids
+    delimiter_id_keys: ClassVar[tuple[str, str]] = ("vision_start_token_id", "vision_end_token_id")
+    # times the processor's pixel range counts an image's area (GLM-4V: its 2 temporal patches)
+    pixel_budget_frames: ClassVar[int] = 1
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
@@ -55,28 +59,34 @@ class Qwen2VLAdapter(HFAdapter):
         [min_pixels, max_pixels]; one image token per 28 x 28 pixels. Released checkpoints
         allow up to 12.8 M pixels (16k tokens) per image."""
         image_processor = processor.image_processor
-        size = image_processor.size
-        longest = max_pixels or size.longest_edge
-        shortest = min_pixels or size.shortest_edge
+        size, frames = image_processor.size, cls.pixel_budget_frames
+        longest = max_pixels * frames if max_pixels else size.longest_edge
+        shortest = min_pixels * frames if min_pixels else size.shortest_edge
         if shortest > longest:
-            raise ValueError(f"LAD_MIN_PIXELS={shortest} is above LAD_MAX_PIXELS={longest}")
+            raise ValueError(
+                f"LAD_MIN_PIXELS={shortest // frames} is above LAD_MAX_PIXELS={longest // frames}"
+            )
         image_processor.size = SizeDict(shortest_edge=shortest, longest_edge=longest)
+        side = int(image_processor.patch_size) * int(image_processor.merge_size)  # 28; Qwen3: 32
+        shortest, longest = shortest // frames, longest // frames
         return (
-            f"{shortest}..{longest} pixels per image, at most {longest // (28 * 28)} "
+            f"{shortest}..{longest} pixels per image, at most {longest // (side * side)} "
             "image tokens each"
         )
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
-        open_id = getattr(self.config, "vision_start_token_id", None)
-        close_id = getattr(self.config, "vision_end_token_id", None)
+        open_key, close_key = self.delimiter_id_keys
+        open_id = getattr(self.config, open_key, None)
+        close_id = getattr(self.config, close_key, None)
         if open_id is None or close_id is None:
             return super().image_spans(input_ids, n_images)
         ids = input_ids.tolist()
         starts = [i for i, t in enumerate(ids) if t == open_id]
         ends = [i + 1 for i, t in enumerate(ids) if t == close_id]
         if len(starts) != n_images or len(ends) != n_images:
+            opening, closing = self.image_delimiters or ("", "")
             raise ValueError(
-                f"expected {n_images} <|vision_start|>..<|vision_end|> spans, "
+                f"expected {n_images} {opening}..{closing} spans, "
                 f"found {len(starts)} and {len(ends)}"
             )
         return list(zip(starts, ends, strict=True))
@@ -88,7 +98,7 @@ class Qwen2VLAdapter(HFAdapter):
         budget = getattr(image_processor, "max_pixels", None) or size_field(
             getattr(image_processor, "size", None), "longest_edge"
         )
-        return int(budget) if budget else None
+        return int(budget) // self.pixel_budget_frames if budget else None
 
     def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:
         """The processor's own rule: sides multiples of patch x merge (28), the area within

@@ -12,7 +12,12 @@ from typing import Any
 from app.models.base import HFAdapter
 
 _ADAPTERS: dict[str, type[HFAdapter]] = {}
-_BUILTIN_MODULES = ("app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl")
+_BUILTIN_MODULES = (
+    "app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl",
+    "app.models.qwen3_vl",
+    "app.models.qwen3_5",
+    "app.models.glm4v",
+)  # fmt: skip
 _loaded = False
 
 

@@ -34,10 +34,18 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo, Qwen2VLProcessorNoVideo
 
-FAMILIES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
+FAMILIES: tuple[str, ...] = (
+    "qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl",
+    "qwen3_vl",
+    "qwen3_5",
+    "glm4v",
+)  # fmt: skip
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
     "internvl": "app.testing._tiny_internvl",
+    "qwen3_vl": "app.testing._tiny_qwen3_vl",
+    "qwen3_5": "app.testing._tiny_qwen3_5",
+    "glm4v": "app.testing._tiny_glm4v",
 }
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -188,10 +196,16 @@ def tiny_runner(
     prompt_variant: str = "vanilla",
     **overrides: Any,
 ) -> Any:
-    """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``)."""
+    """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``). ``layers`` keeps
+    only the layers with softmax attention over the whole prompt (a hybrid family's tiny
+    model has fewer), so one layer set serves every family."""
     from app.models.loader import make_runner
+    from app.models.registry import adapter_for
 
     model, processor = build_tiny(family, seed=seed, **overrides)
+    if layers is not None:
+        eligible = adapter_for(model.config)(model, processor).attention_layers()
+        layers = [layer for layer in layers if layer in eligible]
     return make_runner(
         model, processor, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
     )

@@ -1,0 +1,72 @@
+"""Tiny random Qwen3.5 (hybrid decoder) with a processor built in code.
+
+The real ``Qwen3_5ForConditionalGeneration``: Qwen3-VL's tiny vision tower (no deepstack)
+and a 4-layer decoder whose ``layer_types`` alternate Gated DeltaNet linear attention and
+full softmax attention (``full_attention_interval`` 2: layers 1 and 3 are full; the
+released checkpoints use 4), partial rotary (half of head_dim 16) with interleaved mrope.
+The processor is Qwen3-VL's (``app.testing._tiny_qwen3_vl``), and the chat template opens
+a ``<think>`` block unless ``enable_thinking`` is false, as the released one does.
+
+``overrides``: those of ``_tiny_qwen3_vl`` plus full_attention_interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
+from app.testing._tiny_qwen3_vl import (
+    PATCH_SIZE,
+    qwen3_template,
+    seeded,
+    text_config,
+    tokenizer_and_image_processor,
+)
+
+CHAT_TEMPLATE = qwen3_template(
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}"
+)
+
+
+def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
+    """(model, processor) of a tiny random Qwen3.5."""
+    tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides)
+    interval = int(overrides.pop("full_attention_interval", 2))
+    text = text_config(len(tokenizer), ids, overrides)
+    head_dim = text["head_dim"]
+    layers = text["num_hidden_layers"]
+    text["layer_types"] = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+    text["rope_parameters"].update(
+        partial_rotary_factor=0.5, mrope_section=[head_dim // 8, head_dim // 16, head_dim // 16]
+    )
+    text.update(
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+    )  # fmt: skip
+    dtype = overrides.pop("dtype", torch.float32)
+    if overrides:
+        raise TypeError(f"unknown overrides for qwen3_5: {sorted(overrides)}")
+    vision = {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+    }  # fmt: skip
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    model = seeded(Qwen3_5ForConditionalGeneration, config, seed, dtype)
+    processor = Qwen3VLProcessorNoVideo(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+    )
+    return model, processor

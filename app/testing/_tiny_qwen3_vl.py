@@ -1,0 +1,124 @@
+"""Tiny random Qwen3-VL with a processor built in code.
+
+The real ``Qwen3VLForConditionalGeneration``: a 2-block vision tower of 16-pixel patches
+merged 2 x 2 (one deepstack level, added at decoder layer 0), and a 4-layer decoder with
+q/k norms and interleaved mrope. The image processor is Qwen2-VL's PIL one with
+``patch_size`` 16 and the area pinned to ``image_pixels``² (64 -> 4 tokens per image);
+the tokenizer is the byte-level one of ``app.testing.tiny_models`` with the Qwen special
+tokens; the chat template is the released one's layout (no default system turn, images
+first as ``<|vision_start|><|image_pad|><|vision_end|>``).
+
+``overrides``: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+intermediate_size, max_position_embeddings, image_pixels, dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
+from app.testing.tiny_models import QWEN_SPECIAL_TOKENS, byte_level_tokenizer
+
+PATCH_SIZE = 16
+SPECIAL_TOKENS = (*QWEN_SPECIAL_TOKENS, "<think>", "</think>")
+
+_IMAGES_THEN_TEXT = (
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+def qwen3_template(generation_prompt: str) -> str:
+    """ChatML as the Qwen3 line writes it: no default system turn, list-of-parts user
+    turns (images first), then ``generation_prompt`` (a Jinja fragment)."""
+    return (
+        "{% for message in messages %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        + _IMAGES_THEN_TEXT
+        + "{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n" + generation_prompt + "{% endif %}"
+    )
+
+
+CHAT_TEMPLATE = qwen3_template("")
+
+
+def text_config(vocab: int, ids: dict[str, int], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The tiny decoder's config (head_dim 16, mrope over 8 frequencies); pops what it uses."""
+    hidden = int(overrides.pop("hidden_size", 64))
+    heads = int(overrides.pop("num_attention_heads", 4))
+    head_dim = hidden // heads
+    quarter = head_dim // 8
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "head_dim": head_dim,
+        "intermediate_size": int(overrides.pop("intermediate_size", 2 * hidden)),
+        "num_hidden_layers": int(overrides.pop("num_hidden_layers", 4)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(overrides.pop("num_key_value_heads", max(1, heads // 2))),
+        "max_position_embeddings": int(overrides.pop("max_position_embeddings", 4096)),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter],
+            "mrope_interleaved": True,
+        },
+        "bos_token_id": None,
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+
+
+def tokenizer_and_image_processor(overrides: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]:
+    """The byte-level tokenizer, the PIL image processor pinned to ``image_pixels``² pixels
+    per image, and the special-token ids."""
+    tokenizer = byte_level_tokenizer(SPECIAL_TOKENS)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    side = int(overrides.pop("image_pixels", 64))
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2,
+        min_pixels=side * side, max_pixels=side * side,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )  # fmt: skip
+    return tokenizer, image_processor, ids
+
+
+def seeded(model_cls: type, config: Any, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return model_cls(config).to(dtype).eval()
+
+
+def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
+    """(model, processor) of a tiny random Qwen3-VL."""
+    tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides)
+    text = text_config(len(tokenizer), ids, overrides)
+    dtype = overrides.pop("dtype", torch.float32)
+    if overrides:
+        raise TypeError(f"unknown overrides for qwen3_vl: {sorted(overrides)}")
+    vision = {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0],
+    }  # fmt: skip
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    model = seeded(Qwen3VLForConditionalGeneration, config, seed, dtype)
+    processor = Qwen3VLProcessorNoVideo(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+    )
+    return model, processor
