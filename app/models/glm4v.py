@@ -47,8 +47,8 @@ class Glm4vAdapter(Qwen2VLAdapter):
         "twice per image): one token per 28 x 28 pixels"
     )
     doc_tested: ClassVar[str] = (
-        "tiny random instance (glm4v): spans, label scores, captured == eager, batching, "
-        "saved checkpoint served; glm4v_moe shares the adapter, untested"
+        "tiny random instances: spans, label scores, captured == eager, batching, saved "
+        "checkpoint served; GLM-4.5V (glm4v_moe): served, captured == eager"
     )
 
     def image_size_for(self, width: int, height: int) -> tuple[int, int] | None:

@@ -32,9 +32,9 @@ class Qwen3_5Adapter(Qwen3VLAdapter):
         "Λ holds only the full-attention layers of `layer_types`"
     )
     doc_tested: ClassVar[str] = (
-        "tiny random hybrid instance (dense): spans, label scores, captured == eager, "
-        "batching, cached steps over linear-attention state, saved checkpoint served; "
-        "MoE variant shares the adapter, untested"
+        "tiny random hybrid instances: spans, label scores, captured == eager, batching, "
+        "cached steps over linear-attention state, Λ from layer_types, saved checkpoint "
+        "served; MoE (qwen3_5_moe): served, captured == eager"
     )
 
     def attention_layers(self) -> tuple[int, ...]:

@@ -47,6 +47,6 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         "one token per 32 x 32 pixels"
     )
     doc_tested: ClassVar[str] = (
-        "tiny random instance (dense): spans, label scores, captured == eager, batching, "
-        "saved checkpoint served; MoE variant shares the adapter, untested"
+        "tiny random instances: spans, label scores, captured == eager, batching, saved "
+        "checkpoint served; MoE (qwen3_vl_moe): served, captured == eager"
     )

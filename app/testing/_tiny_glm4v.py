@@ -11,7 +11,8 @@ with GLM's special tokens; the chat template has the released layout: ``[gMASK]<
 ``enable_thinking`` is false.
 
 ``overrides``: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-intermediate_size, max_position_embeddings, image_pixels, dtype.
+intermediate_size, max_position_embeddings, image_pixels, dtype; ``moe=True`` builds
+GLM-4.5V (``glm4v_moe``: layer 0 dense, then 4 routed experts, 2 per token, and a shared one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+from transformers import (
+    Glm4vConfig,
+    Glm4vForConditionalGeneration,
+    Glm4vMoeConfig,
+    Glm4vMoeForConditionalGeneration,
+)
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
 from app.models.glm4v import Glm4vProcessorNoVideo
@@ -45,7 +51,8 @@ CHAT_TEMPLATE = (
 
 
 def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """(model, processor) of a tiny random GLM-4V."""
+    """(model, processor) of a tiny random GLM-4V (GLM-4.5V with ``moe=True``)."""
+    moe = bool(overrides.pop("moe", False))
     tokenizer = byte_level_tokenizer(SPECIAL_TOKENS)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     side = int(overrides.pop("image_pixels", 56))
@@ -70,6 +77,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]],
         "pad_token_id": ids["<|endoftext|>"],
     }  # fmt: skip
+    if moe:
+        text.update(
+            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+            moe_intermediate_size=32, first_k_dense_replace=1,
+        )  # fmt: skip
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for glm4v: {sorted(overrides)}")
@@ -78,7 +90,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         "image_size": 56, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
         "out_hidden_size": hidden,
     }  # fmt: skip
-    config = Glm4vConfig(
+    config_cls, model_cls = (
+        (Glm4vMoeConfig, Glm4vMoeForConditionalGeneration)
+        if moe else (Glm4vConfig, Glm4vForConditionalGeneration)
+    )  # fmt: skip
+    config = config_cls(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image|>"],
@@ -89,7 +105,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         video_end_token_id=ids["<|end_of_video|>"],
     )
     torch.manual_seed(seed)
-    model = Glm4vForConditionalGeneration(config).to(dtype).eval()
+    model = model_cls(config).to(dtype).eval()
     processor = Glm4vProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
     )

@@ -7,7 +7,8 @@ released checkpoints use 4), partial rotary (half of head_dim 16) with interleav
 The processor is Qwen3-VL's (``app.testing._tiny_qwen3_vl``), and the chat template opens
 a ``<think>`` block unless ``enable_thinking`` is false, as the released one does.
 
-``overrides``: those of ``_tiny_qwen3_vl`` plus full_attention_interval.
+``overrides``: those of ``_tiny_qwen3_vl`` plus full_attention_interval; ``moe=True``
+builds Qwen3.5-MoE (``qwen3_5_moe``: 4 experts, 2 per token, a shared expert) instead.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers import (
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
+)
 
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
 from app.testing._tiny_qwen3_vl import (
+    MOE_TEXT,
     PATCH_SIZE,
     qwen3_template,
     seeded,
@@ -33,7 +40,8 @@ CHAT_TEMPLATE = qwen3_template(
 
 
 def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """(model, processor) of a tiny random Qwen3.5."""
+    """(model, processor) of a tiny random Qwen3.5 (Qwen3.5-MoE with ``moe=True``)."""
+    moe = bool(overrides.pop("moe", False))
     tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides)
     interval = int(overrides.pop("full_attention_interval", 2))
     text = text_config(len(tokenizer), ids, overrides)
@@ -49,6 +57,9 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4,
     )  # fmt: skip
+    if moe:  # experts replace the dense MLP
+        text.pop("intermediate_size")
+        text.update(MOE_TEXT, shared_expert_intermediate_size=32)
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for qwen3_5: {sorted(overrides)}")
@@ -57,7 +68,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
         "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
     }  # fmt: skip
-    config = Qwen3_5Config(
+    config_cls, model_cls = (
+        (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)
+        if moe else (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
+    )  # fmt: skip
+    config = config_cls(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -65,7 +80,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    model = seeded(Qwen3_5ForConditionalGeneration, config, seed, dtype)
+    model = seeded(model_cls, config, seed, dtype)
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
     )

@@ -9,7 +9,8 @@ tokens; the chat template is the released one's layout (no default system turn, 
 first as ``<|vision_start|><|image_pad|><|vision_end|>``).
 
 ``overrides``: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-intermediate_size, max_position_embeddings, image_pixels, dtype.
+intermediate_size, max_position_embeddings, image_pixels, dtype; ``moe=True`` builds
+Qwen3-VL-MoE (``qwen3_vl_moe``: 4 experts, 2 per token) instead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import (
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
@@ -96,10 +102,16 @@ def seeded(model_cls: type, config: Any, seed: int, dtype: torch.dtype) -> torch
     return model_cls(config).to(dtype).eval()
 
 
+MOE_TEXT = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
 def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """(model, processor) of a tiny random Qwen3-VL."""
+    """(model, processor) of a tiny random Qwen3-VL (Qwen3-VL-MoE with ``moe=True``)."""
+    moe = bool(overrides.pop("moe", False))
     tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides)
     text = text_config(len(tokenizer), ids, overrides)
+    if moe:
+        text.update(MOE_TEXT)
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for qwen3_vl: {sorted(overrides)}")
@@ -109,7 +121,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
         "deepstack_visual_indexes": [0],
     }  # fmt: skip
-    config = Qwen3VLConfig(
+    config_cls, model_cls = (
+        (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
+        if moe else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    )  # fmt: skip
+    config = config_cls(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -117,7 +133,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    model = seeded(Qwen3VLForConditionalGeneration, config, seed, dtype)
+    model = seeded(model_cls, config, seed, dtype)
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
     )

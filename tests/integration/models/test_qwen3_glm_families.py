@@ -19,11 +19,11 @@ import torch
 from app.cli import main as lad
 from app.engine import debias
 from app.engine import runner as runner_module
-from app.engine.attention import default_layers, eager_attentions
+from app.engine.attention import default_layers, eager_attentions, span_mass
 from app.engine.runner import RetrievalItem, Runner
 from app.main import load_runner_from_settings
 from app.models.glm4v import Glm4vAdapter
-from app.models.loader import make_runner
+from app.models.loader import load_runner, make_runner
 from app.models.qwen3_5 import Qwen3_5Adapter
 from app.models.qwen3_vl import Qwen3VLAdapter
 from app.settings import Settings
@@ -66,6 +66,27 @@ def test_checkpoint_dir_is_served_through_lad_model(
     a, b = in_memory.forward(_items(7)), served.forward(_items(7))
     for x, y in zip(a.scores + a.attention, b.scores + b.attention, strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_moe_variant_is_served_by_the_same_adapter(family: str, tmp_path: Path) -> None:
+    """qwen3_vl_moe, qwen3_5_moe, glm4v_moe: the dense family's layout with experts in the
+    MLPs; saved and loaded, the family's adapter serves it and the capture equals eager."""
+    model, processor = build_tiny(family, moe=True)
+    assert model.config.model_type == f"{family}_moe"
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    served = load_runner(str(tmp_path), device="cpu", threads=1)
+    assert type(served.adapter) is ADAPTERS[family]
+    items = _items(2)
+    result = served.forward(items)
+    batch = served.process(items)
+    attentions = eager_attentions(served.model, served.adapter, batch, logits_to_keep=1)
+    for row, n in enumerate(batch.n_images):
+        spans = served.adapter.image_spans(batch.input_ids[row], n)
+        expected = span_mass(attentions, row, -1, served.layers, spans)
+        np.testing.assert_allclose(result.attention[row], expected, atol=1e-5, rtol=0)
+        assert float(np.exp(result.scores[row]).sum()) == pytest.approx(1.0, abs=1e-9)
 
 
 def test_mixed_batch_of_three_and_five_equals_each_item_alone(family: str) -> None:
