@@ -26,9 +26,8 @@ from transformers import (
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
 from app.testing._tiny_qwen3_vl import (
     MOE_TEXT,
-    PATCH_SIZE,
     qwen3_template,
-    seeded,
+    seeded_model,
     text_config,
     tokenizer_and_image_processor,
 )
@@ -46,10 +45,7 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     interval = int(overrides.pop("full_attention_interval", 2))
     text = text_config(len(tokenizer), ids, overrides)
     head_dim = text["head_dim"]
-    layers = text["num_hidden_layers"]
-    text["layer_types"] = [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
-    ]
+    text["full_attention_interval"] = interval  # the config derives layer_types from it
     text["rope_parameters"].update(
         partial_rotary_factor=0.5, mrope_section=[head_dim // 8, head_dim // 16, head_dim // 16]
     )
@@ -63,24 +59,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for qwen3_5: {sorted(overrides)}")
-    vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
-        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
-    }  # fmt: skip
-    config_cls, model_cls = (
+    classes = (
         (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)
         if moe else (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
     )  # fmt: skip
-    config = config_cls(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    model = seeded(model_cls, config, seed, dtype)
+    model = seeded_model(classes, text, ids, seed, dtype)
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
     )

@@ -27,7 +27,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
-from app.testing.tiny_models import QWEN_SPECIAL_TOKENS, byte_level_tokenizer
+from app.testing.tiny_models import QWEN_SPECIAL_TOKENS, _qwen_text_config, byte_level_tokenizer
 
 PATCH_SIZE = 16
 SPECIAL_TOKENS = (*QWEN_SPECIAL_TOKENS, "<think>", "</think>")
@@ -57,30 +57,15 @@ CHAT_TEMPLATE = qwen3_template("")
 
 
 def text_config(vocab: int, ids: dict[str, int], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The tiny decoder's config (head_dim 16, mrope over 8 frequencies); pops what it uses."""
-    hidden = int(overrides.pop("hidden_size", 64))
-    heads = int(overrides.pop("num_attention_heads", 4))
-    head_dim = hidden // heads
-    quarter = head_dim // 8
-    return {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "head_dim": head_dim,
-        "intermediate_size": int(overrides.pop("intermediate_size", 2 * hidden)),
-        "num_hidden_layers": int(overrides.pop("num_hidden_layers", 4)),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(overrides.pop("num_key_value_heads", max(1, heads // 2))),
-        "max_position_embeddings": int(overrides.pop("max_position_embeddings", 4096)),
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter],
-            "mrope_interleaved": True,
-        },
-        "bos_token_id": None,
-        "eos_token_id": ids["<|im_end|>"],
-        "pad_token_id": ids["<|endoftext|>"],
-    }
+    """The tiny Qwen decoder's config with Qwen3's explicit head_dim and interleaved mrope
+    (sections 4/2/2 of the 8 frequencies); pops the overrides it uses."""
+    text = _qwen_text_config(vocab, ids, overrides)
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    text["head_dim"] = head_dim
+    text["rope_parameters"].update(
+        mrope_section=[head_dim // 4, head_dim // 8, head_dim // 8], mrope_interleaved=True
+    )
+    return text
 
 
 def tokenizer_and_image_processor(overrides: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]:
@@ -97,7 +82,31 @@ def tokenizer_and_image_processor(overrides: dict[str, Any]) -> tuple[Any, Any, 
     return tokenizer, image_processor, ids
 
 
-def seeded(model_cls: type, config: Any, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+def seeded_model(
+    classes: tuple[type, type],
+    text: dict[str, Any],
+    ids: dict[str, int],
+    seed: int,
+    dtype: torch.dtype,
+    **tower: Any,
+) -> torch.nn.Module:
+    """The (config class, model class) model over the tiny vision tower (plus ``tower``
+    settings) and ``text``, seeded, in ``dtype``."""
+    config_cls, model_cls = classes
+    vision = {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+        **tower,
+    }  # fmt: skip
+    config = config_cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
     torch.manual_seed(seed)
     return model_cls(config).to(dtype).eval()
 
@@ -115,25 +124,11 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for qwen3_vl: {sorted(overrides)}")
-    vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
-        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
-        "deepstack_visual_indexes": [0],
-    }  # fmt: skip
-    config_cls, model_cls = (
+    classes = (
         (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
         if moe else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
     )  # fmt: skip
-    config = config_cls(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    model = seeded(model_cls, config, seed, dtype)
+    model = seeded_model(classes, text, ids, seed, dtype, deepstack_visual_indexes=[0])
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
     )
