@@ -91,6 +91,35 @@ def test_moe_variant_is_served_by_the_same_adapter(family: str, tmp_path: Path) 
         assert float(np.exp(result.scores[row]).sum()) == pytest.approx(1.0, abs=1e-9)
 
 
+# what the released checkpoints name (torchvision-backed image and video processors)
+RELEASED = {
+    "qwen3_vl": ("Qwen2VLImageProcessorFast", "Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+    "qwen3_5": ("Qwen2VLImageProcessorFast", "Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+    "glm4v": ("Glm4vImageProcessor", "Glm4vProcessor", "Glm4vVideoProcessor"),
+}
+
+
+def test_released_processor_layout_loads_without_torchvision(family: str, tmp_path: Path) -> None:
+    """preprocessor_config.json + video_preprocessor_config.json naming the released
+    (torchvision) classes: the adapter rebuilds its processor offline from the parts."""
+    model, processor = build_tiny(family)
+    processor.save_pretrained(tmp_path)
+    image_type, processor_type, video_type = RELEASED[family]
+    saved = json.loads((tmp_path / "processor_config.json").read_text())["image_processor"]
+    saved.update(image_processor_type=image_type, processor_class=processor_type)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(saved))
+    (tmp_path / "video_preprocessor_config.json").write_text(
+        json.dumps({"video_processor_type": video_type, "processor_class": processor_type})
+    )
+    (tmp_path / "processor_config.json").unlink()
+    loaded = ADAPTERS[family].load_processor(str(tmp_path))
+    assert isinstance(loaded, ADAPTERS[family].processor_class)
+    assert loaded.image_processor.size == processor.image_processor.size
+    adapter = ADAPTERS[family](model, loaded)
+    batch = adapter.process([adapter.render(2, "q")], [random_images(2)])
+    assert len(adapter.image_spans(batch.input_ids[0], 2)) == 2
+
+
 def test_mixed_batch_of_three_and_five_equals_each_item_alone(family: str) -> None:
     runner = tiny_runner(family, seed=1)
     items = _items(3)
