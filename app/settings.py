@@ -174,7 +174,7 @@ class Settings(BaseSettings):
         False, description="serve vanilla (debiased: false) instead of 409 when uncalibrated"
     )
     layers: Annotated[list[int] | None, NoDecode] = Field(
-        None, description="candidate layers Λ (unset: round(0.58 L) .. L-1)"
+        None, description="candidate layers Λ (unset: round(0.58 L) .. L-1, full attention only)"
     )
     top_k: int = Field(MethodConfig.top_k, ge=1, description="K, layers kept in L*")
     tau: float = Field(MethodConfig.tau, gt=0, description="posterior sharpening temperature τ")

@@ -85,6 +85,10 @@ class FamilyAdapter(Protocol):
         """L, the number of decoder layers of the text model."""
         ...
 
+    def capturable_layers(self) -> list[int]:
+        """Decoder layers with full softmax attention over the whole prompt (Λ's candidates)."""
+        ...
+
     def end_token_id(self) -> int:
         """The token written right after a label (end of turn): the label trie's EOS."""
         ...

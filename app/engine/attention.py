@@ -35,6 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from app.engine.adapter import FamilyAdapter
+from app.engine.methods import MethodConfig
 
 CAPTURE_IMPLEMENTATION = "lad_capture"
 LAYER_START_FRACTION = 0.58
@@ -164,7 +165,10 @@ def eager_attentions(
 
 
 def span_mass(
-    attentions: Sequence[torch.Tensor], row: int, t_q: int, layers: Sequence[int],
+    attentions: Sequence[torch.Tensor],
+    row: int,
+    t_q: int,
+    layers: Sequence[int],
     spans: Sequence[tuple[int, int]],
 ) -> np.ndarray:
     """(|Λ|, N) a_k^(l) of §2.2 from full attention matrices: the head-mean attention of
@@ -176,13 +180,30 @@ def span_mass(
 
 
 def default_layers(
-    num_layers: int, start_fraction: float = LAYER_START_FRACTION
+    num_layers: int,
+    start_fraction: float = LAYER_START_FRACTION,
+    capturable: Sequence[int] | None = None,
+    min_layers: int = MethodConfig.top_k,
 ) -> tuple[int, ...]:
-    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2)."""
+    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2), among the ``capturable`` layers.
+
+    ``capturable`` (default: all L) are the layers whose softmax attention covers the whole
+    prompt (``FamilyAdapter.capturable_layers``): a hybrid model's sliding-window or
+    linear-attention layers cannot attend to every image. Rule: Λ = that range intersected
+    with ``capturable``; if this leaves fewer than ``min_layers`` (K, the layers L* keeps),
+    Λ is the last ``min_layers`` capturable layers instead (all of them if there are fewer).
+    """
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")
+    allowed = sorted({int(x) for x in capturable}) if capturable is not None else None
+    if allowed is not None and (not allowed or not 0 <= allowed[0] <= allowed[-1] < num_layers):
+        raise ValueError(f"capturable layers {allowed} are not a non-empty subset of 0..L-1")
     start = min(round(start_fraction * num_layers), num_layers - 1)
-    return tuple(range(start, num_layers))
+    chosen = tuple(range(start, num_layers))
+    if allowed is None:
+        return chosen
+    kept = tuple(layer for layer in chosen if layer in allowed)
+    return kept if len(kept) >= min_layers else tuple(allowed[-min_layers:])
 
 
 @contextlib.contextmanager

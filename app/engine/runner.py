@@ -21,6 +21,7 @@ different images; rows are left-padded.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -48,12 +49,21 @@ TRIE_CACHE_SIZE = 256
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
-    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched)."""
-    selected = DynamicCache()
-    for layer_idx, layer in enumerate(cache.layers):
-        selected.update(
-            layer.keys.index_select(0, rows), layer.values.index_select(0, rows), layer_idx
+    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched).
+
+    Each layer is a shallow copy of the prompt's own layer with its rows selected, so a
+    sliding-window layer (Gemma 3) stays one, with its window and the prompt length it has
+    seen (the masks of the next step are sized from them); layers only ever replace their
+    tensors, never write into them."""
+    selected = copy.copy(cache)
+    selected.layers = []
+    for layer in cache.layers:
+        part = copy.copy(layer)
+        part.keys, part.values = (
+            layer.keys.index_select(0, rows),
+            layer.values.index_select(0, rows),
         )
+        selected.layers.append(part)
     return selected
 
 
@@ -158,9 +168,20 @@ class Runner:
         self.prompt_variant = prompt_variant
         prompt_hash(prompt_variant, "")  # validates the variant early
         self.num_layers = self.adapter.num_layers()
-        chosen = default_layers(self.num_layers) if layers is None else tuple(layers)
+        capturable = self.adapter.capturable_layers()
+        chosen = (
+            default_layers(self.num_layers, capturable=capturable)
+            if layers is None
+            else tuple(layers)
+        )
         if not chosen or any(not 0 <= int(layer) < self.num_layers for layer in chosen):
             raise ValueError(f"layers must be a non-empty subset of 0..{self.num_layers - 1}")
+        outside = sorted({int(layer) for layer in chosen} - set(capturable))
+        if outside:
+            raise ValueError(
+                f"layers {outside} cannot be captured: their attention does not cover the whole "
+                f"prompt (sliding-window or linear attention); choose among {capturable}"
+            )
         self.layers: tuple[int, ...] = tuple(sorted({int(layer) for layer in chosen}))
         enable_capture(self.model, self.adapter)
         self._lock = threading.Lock()
@@ -317,7 +338,10 @@ class Runner:
         )
 
     def _capture_forward(
-        self, batch: PromptBatch, query_index: torch.Tensor | None, record: bool = True,
+        self,
+        batch: PromptBatch,
+        query_index: torch.Tensor | None,
+        record: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, list[np.ndarray]]:
         """The one prompt forward with the t_q rows of Λ captured; returns (output, a).

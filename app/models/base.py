@@ -36,6 +36,10 @@ class HFAdapter:
     processor_class: ClassVar[type | None] = None
     # processor_config.json keys the parts-based rebuild needs (e.g. image token counts)
     processor_settings: ClassVar[tuple[str, ...]] = ()
+    # documentation: the README family table is generated from these three lines
+    doc_layout: ClassVar[str] = ""  # the image-token layout of one image, in one line
+    doc_pixel_knob: ClassVar[str] = ""  # the processor setting that bounds tokens per image
+    doc_tested: ClassVar[str] = ""  # what was tested, and on what
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -189,6 +193,13 @@ class HFAdapter:
         """L, the number of decoder layers of the text model."""
         return int(self.text_config().num_hidden_layers)
 
+    def capturable_layers(self) -> list[int]:
+        """The decoder layers whose softmax attention covers the whole prompt, so that t_q's
+        row can reach every image: Λ is chosen among them and the capture is never asked for
+        another. Default: every layer; hybrid families (sliding-window or linear-attention
+        layers) keep only their full-attention ones."""
+        return list(range(self.num_layers()))
+
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""
         tid = self.tokenizer.convert_tokens_to_ids(token)
@@ -242,6 +253,13 @@ class HFAdapter:
     def vision_attn_implementation(self) -> str | None:
         vision = getattr(self.config, self.vision_config_key, None)
         return getattr(vision, "_attn_implementation", None)
+
+
+def images_per_prompt(images: Sequence[Sequence[Image.Image]]) -> list[list[Image.Image]] | None:
+    """The ``images`` argument for processors that take them nested per prompt (they do not
+    split a flat list by the prompts' placeholders): RGB images as they are, None if empty."""
+    nested = [[img if img.mode == "RGB" else img.convert("RGB") for img in row] for row in images]
+    return nested if any(nested) else None
 
 
 def size_field(size: Any, key: str) -> Any:

@@ -12,7 +12,14 @@ from typing import Any
 from app.models.base import HFAdapter
 
 _ADAPTERS: dict[str, type[HFAdapter]] = {}
-_BUILTIN_MODULES = ("app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl")
+_BUILTIN_MODULES = (
+    "app.models.qwen2_vl",
+    "app.models.llava_onevision",
+    "app.models.internvl",
+    "app.models.gemma3",
+    "app.models.idefics3",
+    "app.models.mistral3",
+)
 _loaded = False
 
 

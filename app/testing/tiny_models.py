@@ -34,10 +34,17 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo, Qwen2VLProcessorNoVideo
 
-FAMILIES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
+FAMILIES: tuple[str, ...] = (
+    "qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl",
+    "gemma3", "idefics3", "smolvlm", "mistral3",
+)  # fmt: skip
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
     "internvl": "app.testing._tiny_internvl",
+    "gemma3": "app.testing._tiny_gemma3",
+    "idefics3": "app.testing._tiny_idefics3",
+    "smolvlm": "app.testing._tiny_idefics3:build_smolvlm",
+    "mistral3": "app.testing._tiny_mistral3",
 }
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -175,9 +182,18 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:
-        module = importlib.import_module(_OTHER_FAMILIES[family])
-        return module.build(seed=seed, **overrides)
+        module, _, builder = _OTHER_FAMILIES[family].partition(":")
+        return getattr(importlib.import_module(module), builder or "build")(seed=seed, **overrides)
     raise ValueError(f"unknown tiny family {family!r}; use one of {FAMILIES}")
+
+
+def capturable_layers(family: str) -> tuple[int, ...]:
+    """Every layer of ``build_tiny(family)`` that the capture may be asked for (all of them,
+    but for hybrid decoders such as Gemma 3's only the global ones)."""
+    from app.models.registry import adapter_for
+
+    model, processor = build_tiny(family)
+    return tuple(adapter_for(model.config)(model, processor).capturable_layers())
 
 
 def tiny_runner(
