@@ -165,10 +165,7 @@ def eager_attentions(
 
 
 def span_mass(
-    attentions: Sequence[torch.Tensor],
-    row: int,
-    t_q: int,
-    layers: Sequence[int],
+    attentions: Sequence[torch.Tensor], row: int, t_q: int, layers: Sequence[int],
     spans: Sequence[tuple[int, int]],
 ) -> np.ndarray:
     """(|Λ|, N) a_k^(l) of §2.2 from full attention matrices: the head-mean attention of

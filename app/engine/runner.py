@@ -21,7 +21,6 @@ different images; rows are left-padded.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -49,21 +48,12 @@ TRIE_CACHE_SIZE = 256
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
-    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched).
-
-    Each layer is a shallow copy of the prompt's own layer with its rows selected, so a
-    sliding-window layer (Gemma 3) stays one, with its window and the prompt length it has
-    seen (the masks of the next step are sized from them); layers only ever replace their
-    tensors, never write into them."""
-    selected = copy.copy(cache)
-    selected.layers = []
-    for layer in cache.layers:
-        part = copy.copy(layer)
-        part.keys, part.values = (
-            layer.keys.index_select(0, rows),
-            layer.values.index_select(0, rows),
+    """A new cache holding only batch rows ``rows`` (the prompt cache is left untouched)."""
+    selected = DynamicCache()
+    for layer_idx, layer in enumerate(cache.layers):
+        selected.update(
+            layer.keys.index_select(0, rows), layer.values.index_select(0, rows), layer_idx
         )
-        selected.layers.append(part)
     return selected
 
 
@@ -338,10 +328,7 @@ class Runner:
         )
 
     def _capture_forward(
-        self,
-        batch: PromptBatch,
-        query_index: torch.Tensor | None,
-        record: bool = True,
+        self, batch: PromptBatch, query_index: torch.Tensor | None, record: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, list[np.ndarray]]:
         """The one prompt forward with the t_q rows of Λ captured; returns (output, a).

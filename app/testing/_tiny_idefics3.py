@@ -104,8 +104,3 @@ def build(
     )
     model = seeded_model(model_cls, config, tokenizer, seed=seed, dtype=dtype)
     return model, processor
-
-
-def build_smolvlm(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """``build("smolvlm")``."""
-    return build("smolvlm", seed=seed, **overrides)

@@ -43,7 +43,7 @@ _OTHER_FAMILIES = {
     "internvl": "app.testing._tiny_internvl",
     "gemma3": "app.testing._tiny_gemma3",
     "idefics3": "app.testing._tiny_idefics3",
-    "smolvlm": "app.testing._tiny_idefics3:build_smolvlm",
+    "smolvlm": "app.testing._tiny_smolvlm",
     "mistral3": "app.testing._tiny_mistral3",
 }
 
@@ -182,8 +182,8 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:
-        module, _, builder = _OTHER_FAMILIES[family].partition(":")
-        return getattr(importlib.import_module(module), builder or "build")(seed=seed, **overrides)
+        module = importlib.import_module(_OTHER_FAMILIES[family])
+        return module.build(seed=seed, **overrides)
     raise ValueError(f"unknown tiny family {family!r}; use one of {FAMILIES}")
 
 
