@@ -9,6 +9,7 @@ token lies in its image's span; `lad bench attention` finds captured == eager. F
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_every_image_token_lies_in_its_image_span(family: str, saved) -> None:
     for row, item in enumerate(items):
         ids = batch.input_ids[row]
         spans = runner.adapter.image_spans(ids, len(item.images))
-        assert all(e <= s2 for (_, e), (s2, _) in zip(spans, spans[1:], strict=False))
+        assert all(e <= s2 for (_, e), (s2, _) in itertools.pairwise(spans))
         covered = sum(int((ids[s:e] == image_id).sum()) for s, e in spans)
         assert covered == int((ids == image_id).sum()) > 0
         if family != "gemma3":  # tiled / size-dependent layouts: different images, lengths
