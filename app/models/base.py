@@ -262,6 +262,14 @@ def images_per_prompt(images: Sequence[Sequence[Image.Image]]) -> list[list[Imag
     return nested if any(nested) else None
 
 
+def longest_edge_budget(processor: Any) -> int | None:
+    """Most pixels of one image for processors that bound only its longest edge
+    (``size["longest_edge"]``): a square of that edge. None when there is no such bound."""
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    edge = size_field(size, "longest_edge")
+    return int(edge) ** 2 if edge else None
+
+
 def size_field(size: Any, key: str) -> Any:
     """One field of an image processor's ``size`` (a dict or transformers' SizeDict)."""
     if size is None:

@@ -75,19 +75,3 @@ class Gemma3Adapter(HFAdapter):
     def processor_kwargs(self, images: Sequence[Image.Image]) -> dict[str, Any]:
         """Pan-and-scan off: one delimited span per image."""
         return {"do_pan_and_scan": False} if images else {}
-
-    def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
-        """R_k: the k-th `<start_of_image>` .. `<end_of_image>` (ids from the config)."""
-        open_id = getattr(self.config, "boi_token_id", None)
-        close_id = getattr(self.config, "eoi_token_id", None)
-        if open_id is None or close_id is None:
-            return super().image_spans(input_ids, n_images)
-        ids = input_ids.tolist()
-        starts = [i for i, t in enumerate(ids) if t == open_id]
-        ends = [i + 1 for i, t in enumerate(ids) if t == close_id]
-        if len(starts) != n_images or len(ends) != n_images:
-            raise ValueError(
-                f"expected {n_images} <start_of_image>..<end_of_image> spans, found "
-                f"{len(starts)} and {len(ends)} (pan-and-scan crops are not supported)"
-            )
-        return list(zip(starts, ends, strict=True))

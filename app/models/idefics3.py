@@ -25,7 +25,13 @@ from PIL import Image
 from transformers import Idefics3Processor, SmolVLMProcessor
 from transformers.processing_utils import ProcessorMixin
 
-from app.models.base import HFAdapter, images_per_prompt, size_field, without_video_processor
+from app.models.base import (
+    HFAdapter,
+    images_per_prompt,
+    longest_edge_budget,
+    size_field,
+    without_video_processor,
+)
 from app.models.registry import register
 
 SmolVLMProcessorNoVideo = without_video_processor(
@@ -80,9 +86,7 @@ class Idefics3Adapter(HFAdapter):
 
     def image_pixel_budget(self) -> int | None:
         """A square of the longest edge."""
-        size = getattr(getattr(self.processor, "image_processor", None), "size", None)
-        edge = size_field(size, "longest_edge")
-        return int(edge) ** 2 if edge else None
+        return longest_edge_budget(self.processor)
 
     def processor_images(self, images: Sequence[Sequence[Image.Image]]) -> Any:
         """Nested per prompt (SmolVLM's processor cannot split a flat list)."""

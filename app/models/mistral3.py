@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from app.models.base import HFAdapter, size_field
+from app.models.base import HFAdapter, longest_edge_budget, size_field
 from app.models.registry import register
 
 
@@ -107,9 +107,7 @@ class Mistral3Adapter(HFAdapter):
 
     def image_pixel_budget(self) -> int | None:
         """A square of the longest edge."""
-        size = getattr(getattr(self.processor, "image_processor", None), "size", None)
-        edge = size_field(size, "longest_edge")
-        return int(edge) ** 2 if edge else None
+        return longest_edge_budget(self.processor)
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         """R_k from the first `[IMG]` after the previous image through `[IMG_END]`."""
