@@ -164,3 +164,36 @@ def test_pixel_budgets_bound_the_image_tokens() -> None:
     line = Mistral3Adapter.set_pixel_budget(runner.processor, 16 * 16, None)
     assert "longest edge 16" in line and "4 image tokens" in line
     assert full - tokens(runner) == (4 * 2 + 2) - (2 * 1 + 1)
+
+
+@pytest.mark.slow
+def test_lad_serve_serves_gemma3_from_its_checkpoint_directory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`LAD_MODEL=<dir> lad serve`: the family comes from config.json; a vanilla request
+    and an attention readout (attn_raw) answer over HTTP with normalised probabilities.
+    One family (the hybrid one): the others load through the same ``load_runner``, tested
+    above, and a service start costs a minute on a busy CPU."""
+    import httpx
+
+    from tests.api.helpers import b64
+    from tests.live import LiveService
+
+    family = "gemma3"
+    directory = tmp_path_factory.mktemp(family)
+    model, processor = build_tiny(family)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    images = [b64(image) for image in random_images(3, seed=11, sizes=[(48, 48), (20, 50)])]
+    env = {"LAD_MODEL": str(directory), "LAD_STORE_URL": "memory://"}
+    workdir = directory.parent / f"{family}-serve"
+    workdir.mkdir(exist_ok=True)
+    with LiveService(workdir, env) as service:
+        for method in ("vanilla", "attn_raw"):
+            body = {"query": "a red square", "images": images, "method": method}
+            answer = httpx.post(f"{service.url}/v1/retrieve", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+            result = answer.json()
+            assert result["model"] == str(directory) and len(result["probabilities"]) == 3
+            assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-6)
+        assert f"model type {family} ({ADAPTERS[family].__name__})" in service.log()
