@@ -197,3 +197,20 @@ def test_lad_serve_serves_gemma3_from_its_checkpoint_directory(
             assert result["model"] == str(directory) and len(result["probabilities"]) == 3
             assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-6)
         assert f"model type {family} ({ADAPTERS[family].__name__})" in service.log()
+
+
+def test_gemma3_capture_path_keeps_the_bidirectional_image_mask() -> None:
+    """The capture path's forward is SDPA's, bit for bit, with the image tokens' bidirectional
+    mask in effect (dropping ``token_type_ids`` changes the logits), so capture == eager
+    above is checked on the model as it really attends."""
+    runner = tiny_runner("gemma3")
+    kwargs = runner.adapter.prompt_kwargs(runner.process(mixed_items()))
+    model = runner.model
+    with torch.inference_mode():
+        captured = model(**kwargs, logits_to_keep=1).logits
+        model.set_attn_implementation(runner.adapter.attn_implementation("sdpa", "sdpa"))
+        sdpa = model(**kwargs, logits_to_keep=1).logits
+        causal_only = {k: v for k, v in kwargs.items() if k != "token_type_ids"}
+        causal = model(**causal_only, logits_to_keep=1).logits
+    assert torch.equal(captured, sdpa)
+    assert float((sdpa - causal).abs().max()) > 1e-3
