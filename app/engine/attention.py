@@ -35,6 +35,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from app.engine.adapter import FamilyAdapter
+from app.engine.methods import MethodConfig
 
 CAPTURE_IMPLEMENTATION = "lad_capture"
 LAYER_START_FRACTION = 0.58
@@ -184,19 +185,30 @@ def default_layers(
     num_layers: int,
     start_fraction: float = LAYER_START_FRACTION,
     attention_layers: Sequence[int] | None = None,
+    min_layers: int = MethodConfig.top_k,
 ) -> tuple[int, ...]:
-    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2), keeping only ``attention_layers``
-    (the layers whose softmax attention sees every image; default all) and, when none of
-    them is that late, the last of them."""
+    """Λ = round(start_fraction * L) .. L-1 (DESIGN §2.2), among the ``attention_layers``.
+
+    ``attention_layers`` (default: all L) are the layers whose softmax attention covers the
+    whole prompt (``FamilyAdapter.attention_layers``): a hybrid model's sliding-window or
+    linear-attention layers cannot attend to every image. Rule: Λ = that range intersected
+    with ``attention_layers``; if this leaves fewer than ``min_layers`` (K, the layers L*
+    keeps), Λ is the last ``min_layers`` of them instead (all of them if there are fewer).
+    """
     if num_layers < 1:
         raise ValueError("num_layers must be >= 1")
+    allowed = None if attention_layers is None else sorted({int(x) for x in attention_layers})
+    if allowed is not None and (not allowed or not 0 <= allowed[0] <= allowed[-1] < num_layers):
+        raise ValueError(
+            f"the layers with softmax attention over the whole prompt, {allowed}, are not a "
+            "non-empty subset of 0..L-1"
+        )
     start = min(round(start_fraction * num_layers), num_layers - 1)
-    if attention_layers is None:
-        return tuple(range(start, num_layers))
-    eligible = sorted({int(layer) for layer in attention_layers if 0 <= layer < num_layers})
-    if not eligible:
-        raise ValueError("the model has no layer with softmax attention over the whole prompt")
-    return tuple(layer for layer in eligible if layer >= start) or (eligible[-1],)
+    chosen = tuple(range(start, num_layers))
+    if allowed is None:
+        return chosen
+    kept = tuple(layer for layer in chosen if layer in allowed)
+    return kept if len(kept) >= min_layers else tuple(allowed[-min_layers:])
 
 
 @contextlib.contextmanager

@@ -259,6 +259,21 @@ class HFAdapter:
         return getattr(vision, "_attn_implementation", None)
 
 
+def images_per_prompt(images: Sequence[Sequence[Image.Image]]) -> list[list[Image.Image]] | None:
+    """The ``images`` argument for processors that take them nested per prompt (they do not
+    split a flat list by the prompts' placeholders): RGB images as they are, None if empty."""
+    nested = [[img if img.mode == "RGB" else img.convert("RGB") for img in row] for row in images]
+    return nested if any(nested) else None
+
+
+def longest_edge_budget(processor: Any) -> int | None:
+    """Most pixels of one image for processors that bound only its longest edge
+    (``size["longest_edge"]``): a square of that edge. None when there is no such bound."""
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    edge = size_field(size, "longest_edge")
+    return int(edge) ** 2 if edge else None
+
+
 def size_field(size: Any, key: str) -> Any:
     """One field of an image processor's ``size`` (a dict or transformers' SizeDict)."""
     if size is None:

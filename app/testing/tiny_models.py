@@ -39,6 +39,7 @@ FAMILIES: tuple[str, ...] = (
     "qwen3_vl",
     "qwen3_5",
     "glm4v",
+    "gemma3", "idefics3", "smolvlm", "mistral3",
 )  # fmt: skip
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
@@ -46,6 +47,10 @@ _OTHER_FAMILIES = {
     "qwen3_vl": "app.testing._tiny_qwen3_vl",
     "qwen3_5": "app.testing._tiny_qwen3_5",
     "glm4v": "app.testing._tiny_glm4v",
+    "gemma3": "app.testing._tiny_gemma3",
+    "idefics3": "app.testing._tiny_idefics3",
+    "smolvlm": "app.testing._tiny_smolvlm",
+    "mistral3": "app.testing._tiny_mistral3",
 }
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -186,6 +191,15 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
         module = importlib.import_module(_OTHER_FAMILIES[family])
         return module.build(seed=seed, **overrides)
     raise ValueError(f"unknown tiny family {family!r}; use one of {FAMILIES}")
+
+
+def attention_layers(family: str) -> tuple[int, ...]:
+    """Every layer of ``build_tiny(family)`` that the capture may be asked for (all of them,
+    but for hybrid decoders such as Gemma 3's only the global ones)."""
+    from app.models.registry import adapter_for
+
+    model, processor = build_tiny(family)
+    return tuple(adapter_for(model.config)(model, processor).attention_layers())
 
 
 def tiny_runner(

@@ -18,7 +18,13 @@ from app.engine.runner import Runner, chain_path
 from app.engine.trie import LabelTrie, label_token_sequences
 from app.models.loader import load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
-from app.testing.tiny_models import FAMILIES, build_tiny, random_images, tiny_runner
+from app.testing.tiny_models import (
+    FAMILIES,
+    build_tiny,
+    attention_layers,
+    random_images,
+    tiny_runner,
+)
 
 torch.set_num_threads(1)
 
@@ -181,7 +187,7 @@ def test_mixed_batch_falls_back_to_cached_steps(runner: Runner) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_folded_equals_cached_steps(family: str) -> None:
-    runner = tiny_runner(family, seed=3, layers=(0, 1, 2, 3))
+    runner = tiny_runner(family, seed=3, layers=attention_layers(family))
     items = _items()  # N = 4, 3, 12: rows need 0, 0 and 1 chain tokens
     calls: list[object] = []
     handle = runner.model.register_forward_pre_hook(

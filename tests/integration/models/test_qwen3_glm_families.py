@@ -221,7 +221,7 @@ def test_qwen3_5_lambda_holds_only_full_attention_layers(monkeypatch: pytest.Mon
 def test_default_layers_keep_only_attention_layers() -> None:
     assert default_layers(12, attention_layers=range(12)) == default_layers(12)
     assert default_layers(12, attention_layers=(3, 7, 11)) == (7, 11)
-    assert default_layers(8, attention_layers=(0, 1)) == (1,)  # none that late: the last
+    assert default_layers(8, attention_layers=(0, 1)) == (0, 1)  # none that late: the last K
     with pytest.raises(ValueError, match="softmax attention"):
         default_layers(4, attention_layers=())
 
