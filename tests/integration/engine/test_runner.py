@@ -20,8 +20,8 @@ from app.models.loader import load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
 from app.testing.tiny_models import (
     FAMILIES,
-    build_tiny,
     attention_layers,
+    build_tiny,
     random_images,
     tiny_runner,
 )
