@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.bench.engine import Cell
-from app.bench.engine import render as render_engine
+from app.bench.engine_cells import Cell
+from app.bench.engine_cells import render as render_engine
 from app.bench.service import Detail, LevelResult, render_details, render_table
 from app.cli_help import command_parser
 from app.readme_blocks import README, replace_block, sync
