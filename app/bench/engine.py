@@ -30,34 +30,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
+from app.bench.engine_cells import VARIANTS, Cell, render, spread
 from app.bench.results import write_record
 from app.cli_help import command_parser
 
-VARIANTS = ("sdpa", "agd", "eager")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass
-class Cell:
-    """One measured (variant, target tokens, N) combination."""
-
-    variant: str
-    target_tokens: int
-    n: int
-    prompt_tokens: int
-    image_side: int
-    median_ms: float
-    p90_ms: float
-    peak_mib: float
-    reps: int
-    # median over rounds of (this variant's time / sdpa's time in the same round): on a
-    # shared machine the load drifts between rounds, much less within one
-    paired_ratio_to_sdpa: float | None = None
 
 
 def _rss_bytes() -> int:
@@ -90,15 +73,21 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_bytes())
 
 
-DEVICE = {"device": "cpu", "dtype": "float32"}
-"""Where and in which dtype the runners are built (``--device``, ``--dtype``)."""
+DEVICE: dict[str, Any] = {"device": "cpu", "dtype": "float32", "width": None}
+"""Where, in which dtype and (``shape:`` models) at which width the runners are built
+(``--device``, ``--dtype``, ``--width``)."""
+SHAPE_PREFIX = "shape:"
 
 
-def _set_side(runner, side: int) -> None:
-    runner.processor.image_processor.size = {
-        "shortest_edge": side * side,
-        "longest_edge": side * side,
-    }
+def _set_side(runner, side: int) -> bool:
+    """Pin a Qwen-style image processor to side x side pixels per image; False (nothing
+    changed) for processors with a fixed tile size (InternVL, LLaVA-OneVision), whose
+    image tokens do not depend on the side."""
+    image_processor = runner.processor.image_processor
+    if not hasattr(image_processor, "merge_size"):
+        return False
+    image_processor.size = {"shortest_edge": side * side, "longest_edge": side * side}
+    return True
 
 
 def _build(model: str, side: int, threads: int):
@@ -116,6 +105,12 @@ def _build(model: str, side: int, threads: int):
         family = model.removeprefix("tiny-") if model != "tiny" else "qwen2_5_vl"
         runner = tiny_runner(family, image_pixels=side)
         runner.model.to(device=device, dtype=dtype)
+        return runner
+    if model.startswith(SHAPE_PREFIX):
+        from app.testing.shapes import shape_runner
+
+        runner = shape_runner(model, width=DEVICE["width"], dtype=dtype, device=str(device))
+        _set_side(runner, side)
         return runner
     from app.models.loader import load_runner
 
@@ -171,27 +166,31 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
     return select, once
 
 
-def _setup(model: str, side: int, n: int, threads: int):
+def _setup(model: str, side: int, n: int, threads: int, variants: Sequence[str] = VARIANTS):
     runner = _build(model, side, threads)
     items = _items(n, side, QUERY)
     rng = np.random.default_rng(0)
     bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
     prior = rng.dirichlet(np.ones(n), size=len(runner.layers))
-    calls = {v: _variant_call(runner, v, items, bias_matrix, prior) for v in VARIANTS}
+    calls = {v: _variant_call(runner, v, items, bias_matrix, prior) for v in variants}
     tokens = int(runner.process(items).input_ids.shape[1])
-    return calls, tokens
+    return calls, tokens, list(runner.layers)
 
 
-def measure_latency(model: str, side: int, n: int, reps: int, threads: int) -> dict:
-    """Per-variant request times (ms), the three variants interleaved round by round.
+def measure_latency(
+    model: str, side: int, n: int, reps: int, threads: int, variants: Sequence[str] = VARIANTS
+) -> dict:
+    """Per-variant request times (ms), the variants interleaved round by round.
 
     Interleaving (and rotating the order every round) exposes the variants to the same
     machine state, which matters on a shared 2-core machine at ~10 ms per request.
     """
-    calls, tokens = _setup(model, side, n, threads)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    variants = tuple(variants)
+    calls, tokens, layers = _setup(model, side, n, threads, variants)
+    times: dict[str, list[float]] = {v: [] for v in variants}
     for rnd in range(reps + 1):  # round 0 is a warm-up
-        order = VARIANTS[rnd % 3 :] + VARIANTS[: rnd % 3]
+        shift = rnd % len(variants)
+        order = variants[shift:] + variants[:shift]
         for variant in order:
             select, once = calls[variant]
             select()
@@ -199,14 +198,14 @@ def measure_latency(model: str, side: int, n: int, reps: int, threads: int) -> d
             once()
             if rnd:
                 times[variant].append((time.perf_counter() - start) * 1e3)
-    return {"prompt_tokens": tokens, "times_ms": times}
+    return {"prompt_tokens": tokens, "times_ms": times, "layers": layers}
 
 
 def measure_peak(model: str, variant: str, side: int, n: int, threads: int) -> float:
     """Peak resident memory (MiB) above the level before the first request, fresh process."""
     import gc
 
-    calls, _ = _setup(model, side, n, threads)
+    calls, _, _ = _setup(model, side, n, threads, (variant,))
     select, once = calls[variant]
     select()
     gc.collect()
@@ -223,7 +222,8 @@ def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
     best = (0, 0)
     runner = _build(model, 28, threads)
     for side in range(28, 28 * 80, 28):
-        _set_side(runner, side)
+        if not _set_side(runner, side):  # fixed tiles: the tokens do not depend on the side
+            return side, int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
         tokens = int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
         if not best[0] or abs(tokens - target) < abs(best[1] - target):
             best = (side, tokens)
@@ -232,14 +232,16 @@ def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
     return best
 
 
-def measure_cuda_peaks(model: str, side: int, n: int, threads: int) -> dict[str, float]:
+def measure_cuda_peaks(
+    model: str, side: int, n: int, threads: int, variants: Sequence[str] = VARIANTS
+) -> dict[str, float]:
     """Per variant, the CUDA allocator's peak (MiB) during three requests, above the level
     right before them (one process: the allocator's counters separate the variants)."""
     import torch
 
-    calls, _ = _setup(model, side, n, threads)
+    calls, _, _ = _setup(model, side, n, threads, variants)
     peaks: dict[str, float] = {}
-    for variant in VARIANTS:
+    for variant in variants:
         select, once = calls[variant]
         select()
         once()  # warm-up outside the measurement (kernels, workspaces)
@@ -258,8 +260,10 @@ def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int
     """Run one measurement in a fresh interpreter (so memory peaks do not mix)."""
     cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
            "--reps", str(args.reps), "--threads", str(args.threads),
-           "--device", args.device, "--dtype", args.dtype,
+           "--device", args.device, "--dtype", args.dtype, "--variants", args.variants,
            "--worker", kind, variant, str(side), str(n)]  # fmt: skip
+    if args.width:
+        cmd += ["--width", str(args.width)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bench worker failed: {done.stderr[-3000:]}")
@@ -275,74 +279,89 @@ def _device_name(device: str) -> str:
     return f"cpu ({platform.machine()})"
 
 
-def render(cells: list[Cell]) -> str:
-    by = {(c.variant, c.target_tokens, c.n): c for c in cells}
-    lines = [
-        "| tokens | N | (a) sdpa ms | (b) agd ms | (c) eager ms | (b)/(a) | (c)/(b) "
-        "| peak (a) MiB | peak (b) MiB | peak (c) MiB | (b)/(a) mem |",
-        "|" + "---|" * 11,
-    ]
-    for tokens, n in sorted({(c.target_tokens, c.n) for c in cells}):
-        a, b, c = (by[(v, tokens, n)] for v in VARIANTS)
-        lines.append(
-            f"| {b.prompt_tokens} | {n} | {a.median_ms:.1f} | {b.median_ms:.1f} | "
-            f"{c.median_ms:.1f} | {b.median_ms / a.median_ms:.3f} | "
-            f"{c.median_ms / b.median_ms:.2f} | {a.peak_mib:.1f} | {b.peak_mib:.1f} | "
-            f"{c.peak_mib:.1f} | {b.peak_mib / max(a.peak_mib, 1e-9):.3f} |"
-        )
-    return "\n".join(lines)
+def _paired(run: dict, variant: str) -> np.ndarray:
+    return np.array(run["times_ms"][variant]) / np.array(run["times_ms"]["sdpa"])
 
 
 def measure_cells(
-    args: argparse.Namespace, progress: Callable[[list[Cell]], object] | None = None
+    args: argparse.Namespace, progress: Callable[[list[Cell], list[int]], object] | None = None
 ) -> list[Cell]:
-    """Every (prompt length, N, variant) cell, each measured in fresh worker processes
-    (in process on CUDA); ``progress(cells so far)`` after each (length, N)."""
+    """Every (prompt length, N, variant) cell; the interleaved rounds are run ``--repeats``
+    times, each in a fresh worker process (in process on CUDA), and the cell keeps the
+    paired median of each; ``progress(cells so far, Λ)`` after each (length, N)."""
     cells: list[Cell] = []
+    variants = tuple(args.variants.split(","))
     for target in (int(t) for t in args.tokens.split(",")):
         for n in (int(x) for x in args.n.split(",")):
             side, _ = side_for(args.model, target, n, args.threads)
             on_cuda = args.device.startswith("cuda")
             if on_cuda:  # in process: synchronised timings, the allocator's own peaks
-                latency = measure_latency(args.model, side, n, args.reps, args.threads)
-                peaks = measure_cuda_peaks(args.model, side, n, args.threads)
+                runs = [measure_latency(args.model, side, n, args.reps, args.threads, variants)
+                        for _ in range(args.repeats)]  # fmt: skip
+                peaks = measure_cuda_peaks(args.model, side, n, args.threads, variants)
             else:
-                latency = _worker(args, "latency", "-", side, n)
-            for variant in VARIANTS:
-                timed = np.array(latency["times_ms"][variant])
-                paired = timed / np.array(latency["times_ms"]["sdpa"])
+                runs = [_worker(args, "latency", "-", side, n) for _ in range(args.repeats)]
+            for variant in variants:
+                timed = np.concatenate([run["times_ms"][variant] for run in runs])
+                if on_cuda:
+                    peak: float | None = peaks[variant]
+                else:
+                    peak = _worker(args, "memory", variant, side, n) if args.memory else None
                 cell = Cell(
                     variant=variant,
                     target_tokens=target,
                     n=n,
-                    prompt_tokens=latency["prompt_tokens"],
+                    prompt_tokens=runs[0]["prompt_tokens"],
                     image_side=side,
                     median_ms=float(np.median(timed)),
                     p90_ms=float(np.percentile(timed, 90)),
-                    peak_mib=peaks[variant]
-                    if on_cuda
-                    else _worker(args, "memory", variant, side, n),
-                    reps=args.reps,
-                    paired_ratio_to_sdpa=float(np.median(paired)),
+                    peak_mib=peak,
+                    reps=args.reps * len(runs),
+                    paired_ratio_to_sdpa=float(
+                        np.median(np.concatenate([_paired(r, variant) for r in runs]))
+                    ),
+                    repeat_ratios=[float(np.median(_paired(r, variant))) for r in runs],
                 )
                 cells.append(cell)
                 print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
                       f"median {cell.median_ms:8.1f} ms  paired /sdpa "
-                      f"{cell.paired_ratio_to_sdpa:6.3f}  peak +{cell.peak_mib:7.1f} MiB",
+                      f"{cell.paired_ratio_to_sdpa:6.3f} {spread(cell)}  peak {cell.peak_mib} MiB",
                       flush=True)  # fmt: skip
             if progress is not None:
-                progress(cells)
+                progress(cells, runs[0]["layers"])
     return cells
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(prog="lad bench engine", description=__doc__)
     parser.add_argument(
-        "--model", default="demo", help="demo (default), tiny-<family> or a path / hub name"
+        "--model",
+        default="demo",
+        help="demo (default), tiny-<family>, shape:<name> (a released architecture with "
+        "random weights: app/testing/shapes/) or a path / hub name",
     )
+    parser.add_argument("--width", type=int, help="shape: models: the text hidden size "
+                        "(every width scaled alike; depth, heads and tokens kept)")  # fmt: skip
     parser.add_argument("--tokens", default="300,1500", help="target prompt lengths")
     parser.add_argument("--n", default="4,12", help="numbers of images")
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=9, help="interleaved rounds per run")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of the rounds (fresh processes): their spread is reported",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="sdpa,agd[,eager] (eager keeps every layer's T x T matrix)",
+    )
+    parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure peak memory (one fresh process per variant)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help='"cpu", "cuda" or "auto"')
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto")
@@ -351,42 +370,59 @@ def main(argv: list[str] | None = None) -> int:
         "--worker", nargs=4, metavar=("KIND", "VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    if variants[:2] != ["sdpa", "agd"] or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants must start with sdpa,agd and name only {', '.join(VARIANTS)}")
     import torch
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available on this machine")
-    DEVICE.update(device=args.device, dtype=args.dtype)
+    DEVICE.update(device=args.device, dtype=args.dtype, width=args.width)
 
     if args.worker:
         kind, variant, side, n = args.worker
         if kind == "latency":
-            result = measure_latency(args.model, int(side), int(n), args.reps, args.threads)
+            result = measure_latency(
+                args.model, int(side), int(n), args.reps, args.threads, variants
+            )
         else:
             result = measure_peak(args.model, variant, int(side), int(n), args.threads)
         print(json.dumps(result))
         return 0
 
-    def record(cells: list[Cell], complete: bool) -> dict:
+    def record(cells: list[Cell], layers: list[int], complete: bool) -> dict:
         return {
             "command": "lad bench engine " + " ".join(argv or []),
             "complete": complete,
             "model": args.model,
+            "width": args.width,
+            "layers": layers,  # Λ, the captured layers
             "torch_threads": args.threads,
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
             "device": _device_name(args.device),
             "dtype": args.dtype,
             "reps": args.reps,
+            "repeats": args.repeats,
+            "load_avg_1min": {"start": load_start, "end": os.getloadavg()[0]},
             "cells": [asdict(c) for c in cells],
             "table": render(cells),
         }
 
     # written after every cell too, so a run stopped by a time limit keeps what it measured
-    cells = measure_cells(args, lambda done: write_record(args.out, record(done, False)))
+    load_start = os.getloadavg()[0]
+    seen: list[int] = []
+
+    def progress(done: list[Cell], layers: list[int]) -> None:
+        seen[:] = layers
+        write_record(args.out, record(done, layers, False))
+
+    cells = measure_cells(args, progress)
     print(render(cells))
-    write_record(args.out, record(cells, True))
+    print(f"Λ = {seen} ({len(seen)} layers)")
+    write_record(args.out, record(cells, seen, True))
     return 0
 
 

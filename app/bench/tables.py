@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.bench.engine import Cell
-from app.bench.engine import render as render_engine
+from app.bench.engine_cells import Cell, spread
+from app.bench.engine_cells import render as render_engine
 from app.bench.service import Detail, LevelResult, render_details, render_table
 from app.cli_help import command_parser
 from app.readme_blocks import README, replace_block, sync
@@ -68,6 +68,30 @@ def scale_block(records: list[dict[str, Any]]) -> str:
                 f"| {record['model']} | {n} | {b['prompt_tokens']} | {a['median_ms']:.1f} | "
                 f"{b['median_ms']:.1f} | {ratio:.3f} | {a['peak_mib']:.1f} | "
                 f"{b['peak_mib']:.1f} | {b['peak_mib'] / max(a['peak_mib'], 1e-9):.3f} |"
+            )
+        notes.append(_where(record))
+    return "\n".join(notes) + "\n\n" + "\n".join(lines)
+
+
+def overhead_block(records: list[dict[str, Any]]) -> str:
+    """agd against a plain SDPA forward at real depth: per model (width), N and length, the
+    paired median over every round and its range over runs in fresh processes."""
+    lines = [
+        "| model | width | \u039b layers | N | tokens | sdpa p50 ms | agd p50 ms "
+        "| agd/sdpa (paired) | range over runs |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|:--|",
+    ]
+    notes = []
+    for record in records:
+        cells = [Cell(**c) for c in record["cells"]]
+        by = {(c.variant, c.target_tokens, c.n): c for c in cells}
+        for tokens, n in sorted({(c.target_tokens, c.n) for c in cells}):
+            a, b = by[("sdpa", tokens, n)], by[("agd", tokens, n)]
+            lines.append(
+                f"| {record['model']} | {record.get('width') or 'released'} | "
+                f"{len(record.get('layers') or [])} | {n} | {b.prompt_tokens} | "
+                f"{a.median_ms:.1f} | {b.median_ms:.1f} | {b.paired_ratio_to_sdpa:.3f} | "
+                f"{spread(b)} |"
             )
         notes.append(_where(record))
     return "\n".join(notes) + "\n\n" + "\n".join(lines)
@@ -156,6 +180,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str | None]:
     renderers: dict[str, Callable[[], str | None]] = {
         "engine": lambda: _map(_load(results / "engine_tiny_qwen2_5_vl.json"), engine_block),
         "scale-n": lambda: _scale(results),
+        "overhead": lambda: _overhead(results),
         "service": lambda: _map(_load(results / "service_demo.json"), service_block),
         "gpu": lambda: gpu_block(results / "gpu"),
     }
@@ -169,6 +194,11 @@ def _map(record: dict[str, Any] | None, fn: Callable[[dict[str, Any]], str]) -> 
 def _scale(results: Path) -> str | None:
     records = [r for p in sorted(results.glob("scale_n_*.json")) if (r := _load(p))]
     return scale_block(records) if records else None
+
+
+def _overhead(results: Path) -> str | None:
+    records = [r for p in sorted(results.glob("overhead_*.json")) if (r := _load(p))]
+    return overhead_block(records) if records else None
 
 
 def rewrite(text: str, generated: dict[str, str | None]) -> tuple[str, list[str]]:

@@ -22,6 +22,7 @@ from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from app.engine.adapter import PromptBatch
+from app.models import qwen_inputs
 from app.models.base import HFAdapter, size_field, without_video_processor
 from app.models.image_dedup import image_sources, unique_image_features
 from app.models.image_dedup import install as install_unique_images
@@ -129,8 +130,16 @@ class Qwen2VLAdapter(HFAdapter):
     def process(
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
     ) -> PromptBatch:
-        """As the base, and notes which images repeat (perm_avg's rotations, calibration)."""
-        batch = super().process(prompts, images)
+        """As the base, and notes which images repeat (perm_avg's rotations, calibration).
+        When decode already made every image's size, the processor's tensors are computed
+        directly (``app.models.qwen_inputs``: the same values, a fraction of the time)."""
+        flat = self.processor_images(images) or []
+        sized = all(self.image_size_for(*image.size) == image.size for image in flat)
+        if qwen_inputs.applies(self.processor, flat, sized):
+            inputs = qwen_inputs.qwen_inputs(self.processor, prompts, flat)
+            batch = PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
+        else:
+            batch = super().process(prompts, images)
         sources = image_sources([image for row in images for image in row])
         if sources is not None:
             batch.extra["image_sources"] = sources

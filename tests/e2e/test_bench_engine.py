@@ -47,3 +47,18 @@ def test_bench_attention_refuses_cuda_without_a_gpu(tmp_path, monkeypatch, capsy
     assert code == 2
     assert "CUDA is not available" in capsys.readouterr().err
     assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_engine_on_a_real_shape_names_lambda_and_the_spread(tmp_path):
+    out = tmp_path / "shape.json"
+    code = main(["bench", "engine", "--model", "shape:qwen2_5_vl-3b", "--width", "128",
+                 "--tokens", "120", "--n", "2", "--reps", "1", "--repeats", "2",
+                 "--variants", "sdpa,agd", "--no-memory", "--threads", "1",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["layers"] == list(range(21, 36)) and record["width"] == 128
+    agd = next(c for c in record["cells"] if c["variant"] == "agd")
+    assert len(agd["repeat_ratios"]) == 2 and agd["peak_mib"] is None
+    assert "range over runs" in record["table"]

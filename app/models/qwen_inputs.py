@@ -1,0 +1,145 @@
+"""The Qwen2-VL processor's output computed directly, when decode already made each image's size.
+
+transformers' processor call costs a few milliseconds per request whatever the image
+size (kwargs merging and validation, the tokenizer over hundreds of expanded
+``<|image_pad|>`` tokens, the modality ids, patchify through generic image code). When
+every image is RGB and already at the size the processor would resize it to (decode
+resamples straight to it), the same tensors follow from three steps:
+
+- pixels: the image processor's own ``rescale``, ``normalize`` and ``patchify`` on each
+  distinct image (so the values are the processor's, bit for bit), concatenated in order;
+  ``image_grid_thw`` is (1, h / patch, w / patch) per image;
+- text: the unexpanded prompts through the tokenizer in one call, then each
+  ``<|image_pad|>`` id repeated grid / merge² times. Special tokens are split off before
+  byte-pair merging, so the ids around them do not depend on how many pads follow;
+- padding on the left with the tokenizer's pad id, the attention mask, and the modality
+  ids (1 on image tokens, 0 elsewhere).
+
+Any other case (another image processor backend, a resize still needed, a video, a
+tokenizer that adds tokens around special tokens) returns None and the processor runs.
+``tests/integration/models/test_qwen_inputs.py`` checks equality with the processor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+_TABLE = "_lad_value_table"
+
+
+def _value_table(image_processor: Any) -> np.ndarray:
+    """(C, 256) float32: what the image processor's own ``rescale`` and ``normalize`` make of
+    each 8-bit value in each channel. Both are element-wise, so looking a pixel up here
+    gives the processor's value for it bit for bit, without a float64 pass over the image."""
+    key = (image_processor.do_rescale, image_processor.rescale_factor,
+           image_processor.do_normalize, str(image_processor.image_mean),
+           str(image_processor.image_std))  # fmt: skip
+    cached = getattr(image_processor, _TABLE, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    values = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 1, 256)).copy()
+    if image_processor.do_rescale:
+        values = image_processor.rescale(values, image_processor.rescale_factor)
+    if image_processor.do_normalize:
+        values = image_processor.normalize(
+            values, image_processor.image_mean, image_processor.image_std
+        )
+    table = np.asarray(values, dtype=np.float32)[:, 0, :]
+    setattr(image_processor, _TABLE, (key, table))  # settings may change: kept with its key
+    return table
+
+
+def _pixels(
+    image_processor: Any, table: np.ndarray, image: Image.Image
+) -> tuple[np.ndarray, list[int]]:
+    """One RGB image's patches and grid: values from ``table``, the processor's patchify."""
+    array = np.moveaxis(np.asarray(image), -1, 0)  # (C, H, W), as the PIL backend reads it
+    values = np.stack([table[c].take(array[c]) for c in range(array.shape[0])])
+    patches, grid_h, grid_w = image_processor.patchify(
+        values,
+        patch_size=int(image_processor.patch_size),
+        merge_size=int(image_processor.merge_size),
+        temporal_patch_size=int(image_processor.temporal_patch_size),
+    )
+    return patches, [1, grid_h, grid_w]
+
+
+def applies(processor: Any, images: Sequence[Image.Image], sized: bool) -> bool:
+    """Whether the direct computation gives the processor's output for these images:
+    the PIL Qwen image processor, RGB images already at its size (``sized``), and a
+    fast tokenizer."""
+    image_processor = getattr(processor, "image_processor", None)
+    tokenizer = getattr(processor, "tokenizer", None)
+    return (
+        bool(images)
+        and sized
+        and type(image_processor) is Qwen2VLImageProcessorPil
+        and getattr(tokenizer, "is_fast", False)
+        and getattr(processor, "image_token_id", None) is not None
+        and all(image.mode == "RGB" for image in images)
+    )
+
+
+def _modality_ids(processor: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """1 on image tokens, 2 on video tokens, 0 elsewhere (the processor's own id lists)."""
+    types = torch.zeros_like(input_ids)
+    for value, ids in ((1, processor.image_token_ids), (2, processor.video_token_ids)):
+        known = [int(i) for i in ids if i is not None]
+        if known:
+            types[torch.isin(input_ids, torch.tensor(known))] = value
+    return types
+
+
+def qwen_inputs(
+    processor: Any, prompts: Sequence[str], images: Sequence[Image.Image]
+) -> dict[str, torch.Tensor]:
+    """The processor's tensors for ``prompts`` (one ``<|image_pad|>`` per image, in order)
+    and the flat list ``images`` (each already at the processor's size, RGB), padded left.
+
+    Repeated images (the same object: perm_avg's rotations) are patchified once.
+    """
+    image_processor, tokenizer = processor.image_processor, processor.tokenizer
+    pad_id = int(processor.image_token_id)
+    merge = int(image_processor.merge_size) ** 2
+    table = _value_table(image_processor)
+    done: dict[int, tuple[np.ndarray, list[int]]] = {}
+    for image in images:
+        if id(image) not in done:
+            done[id(image)] = _pixels(image_processor, table, image)
+    per_image = [done[id(image)] for image in images]
+    counts = np.array([int(np.prod(grid)) // merge for _, grid in per_image], dtype=np.int64)
+
+    rows: list[np.ndarray] = []
+    used = 0
+    for ids in tokenizer(list(prompts))["input_ids"]:
+        row = np.asarray(ids, dtype=np.int64)
+        repeats = np.ones_like(row)
+        pads = np.flatnonzero(row == pad_id)
+        if used + len(pads) > len(counts):
+            raise ValueError("more <|image_pad|> tokens in the prompts than images")
+        repeats[pads] = counts[used : used + len(pads)]
+        used += len(pads)
+        rows.append(np.repeat(row, repeats))
+    if used != len(counts):
+        raise ValueError("fewer <|image_pad|> tokens in the prompts than images")
+
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), int(tokenizer.pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row):
+            input_ids[i, width - len(row) :] = torch.from_numpy(row)
+            attention_mask[i, width - len(row) :] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "mm_token_type_ids": _modality_ids(processor, input_ids),
+        "pixel_values": torch.from_numpy(np.concatenate([p for p, _ in per_image], axis=0)),
+        "image_grid_thw": torch.tensor([grid for _, grid in per_image], dtype=torch.long),
+    }
