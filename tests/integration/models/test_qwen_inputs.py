@@ -28,7 +28,7 @@ def _rows(adapter, seed: int) -> list[list]:
     return [[sized[0], sized[1]], [sized[2], sized[3], sized[4], sized[0]]]
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_5"])
 @pytest.mark.parametrize("labels", ["digits", "roman"])
 def test_direct_inputs_equal_the_processor(family: str, labels: str) -> None:
     runner = tiny_runner(family, image_pixels=112)
