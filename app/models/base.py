@@ -36,6 +36,13 @@ class HFAdapter:
     processor_class: ClassVar[type | None] = None
     # processor_config.json keys the parts-based rebuild needs (e.g. image token counts)
     processor_settings: ClassVar[tuple[str, ...]] = ()
+    # "sdpa": rows captured inside transformers' SDPA call; "eager_hook": the fallback for
+    # attention that bypasses transformers' attention interface (app.engine.attention)
+    capture: ClassVar[str] = "sdpa"
+    # the README's family table: image-token layout, pixel-budget knob, what was tested
+    doc_layout: ClassVar[str] = ""
+    doc_pixel_knob: ClassVar[str] = ""
+    doc_tested: ClassVar[str] = ""
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -188,6 +195,20 @@ class HFAdapter:
     def num_layers(self) -> int:
         """L, the number of decoder layers of the text model."""
         return int(self.text_config().num_hidden_layers)
+
+    def decoder_layers(self) -> Sequence[torch.nn.Module]:
+        """The text model's decoder layers (``language_model.layers`` where transformers'
+        MLLMs keep them)."""
+        for owner in (getattr(self.model, "model", None), self.model):
+            language_model = getattr(owner, "language_model", None)
+            layers = getattr(language_model, "layers", None)
+            if layers is not None:
+                return layers
+        raise NotImplementedError(f"{type(self).__name__} must say where its decoder layers are")
+
+    def attention_modules(self) -> Sequence[torch.nn.Module]:
+        """Each decoder layer's self-attention module, in layer order."""
+        return [layer.self_attn for layer in self.decoder_layers()]
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

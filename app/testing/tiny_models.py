@@ -186,12 +186,18 @@ def tiny_runner(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     prompt_variant: str = "vanilla",
+    capture: str | None = None,
     **overrides: Any,
 ) -> Any:
-    """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``)."""
-    from app.models.loader import make_runner
+    """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``); ``capture`` forces
+    the family's adapter onto another capture path (the eager-hook fallback's tests)."""
+    from app.engine.runner import Runner
+    from app.models.registry import adapter_for
 
     model, processor = build_tiny(family, seed=seed, **overrides)
-    return make_runner(
-        model, processor, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
+    adapter = adapter_for(model.config)(model, processor)
+    if capture is not None:
+        adapter.capture = capture
+    return Runner(
+        adapter, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
     )
