@@ -59,9 +59,11 @@ class _FingerprintFields(BaseModel):
     dtype: str = Field(min_length=1)
     attention_backend: str = Field(min_length=1)
     capture: str = Field(
-        "sdpa", min_length=1, description="how the attention rows were captured: \"sdpa\" "
-        "(inside the SDPA call) or \"eager_hook\" (per-layer hooks on eager attention); "
-        "profiles written before the field existed were all sdpa",
+        "sdpa",
+        min_length=1,
+        description='how the attention rows were captured: "sdpa" (inside the SDPA call) or '
+        '"eager_hook" (per-layer hooks on eager attention); profiles written before the '
+        "field existed were all sdpa",
     )
     prompt_hash: str = Field(min_length=1)
     label_scheme: str = Field(min_length=1, max_length=2048)

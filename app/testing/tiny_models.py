@@ -198,6 +198,4 @@ def tiny_runner(
     adapter = adapter_for(model.config)(model, processor)
     if capture is not None:
         adapter.capture = capture
-    return Runner(
-        adapter, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
-    )
+    return Runner(adapter, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant)
