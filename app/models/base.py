@@ -52,21 +52,24 @@ class HFAdapter:
 
     # ---- processor ---------------------------------------------------------------
     @classmethod
-    def load_processor(cls, path: str, revision: str | None = None) -> Any:
+    def load_processor(
+        cls, path: str, revision: str | None = None, trust_remote_code: bool = False
+    ) -> Any:
         """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
         torchvision for a video processor), rebuild it from its saved parts and the
         saved ``processor_settings``."""
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
         from transformers.processing_utils import ProcessorMixin
 
+        options = {"revision": revision, "trust_remote_code": trust_remote_code}
         try:
-            processor = AutoProcessor.from_pretrained(path, revision=revision)
+            processor = AutoProcessor.from_pretrained(path, **options)
         except Exception:  # any failure here has the parts-based fallback below
             processor = None
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(path, **options)
+        image_processor = AutoImageProcessor.from_pretrained(path, **options)
         settings: dict[str, Any] = {}
         if cls.processor_settings:
             saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
