@@ -12,7 +12,12 @@ from typing import Any
 from app.models.base import HFAdapter
 
 _ADAPTERS: dict[str, type[HFAdapter]] = {}
-_BUILTIN_MODULES = ("app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl")
+_BUILTIN_MODULES = (
+    "app.models.qwen2_vl",
+    "app.models.llava_onevision",
+    "app.models.internvl",
+    "app.models.llava_onevision1_5",
+)
 _loaded = False
 
 

@@ -38,6 +38,8 @@ FAMILIES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "inter
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
     "internvl": "app.testing._tiny_internvl",
+    # a stand-in (Qwen2.5-VL classes behind the published OV-1.5 layout), eager-hook capture
+    "llavaonevision1_5": "app.testing._tiny_llava_onevision1_5",
 }
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
