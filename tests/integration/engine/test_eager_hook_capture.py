@@ -4,7 +4,7 @@ SDPA capture, and only one layer's attention matrix is ever alive."""
 
 from __future__ import annotations
 
-import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -71,22 +71,26 @@ def test_eager_hook_equals_the_eager_reference(runners) -> None:
         np.testing.assert_allclose(result.attention[row], expected, atol=1e-6, rtol=0)
 
 
-def _live_matrices(shape: tuple[int, ...]) -> int:
-    return sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.shape == shape)
-
-
 def test_only_one_layer_matrix_is_alive_at_a_time(runners) -> None:
     """At the start of every decoder layer no earlier layer's (B, H, T, T) matrix is alive
-    (counted among live tensors); with output_attentions the count grows layer by layer."""
+    (each matrix is watched through a weak reference taken as its layer returns it); with
+    output_attentions the count grows layer by layer, so the measurement can fail."""
     _, hook = runners
     batch = hook.process(_items()[:1])
     heads = hook.adapter.text_config().num_attention_heads
     shape = (1, heads, *batch.input_ids.shape[1:], batch.input_ids.shape[1])
+    watched: list[weakref.ref] = []
     counts: list[int] = []
-    handles = [
-        m.register_forward_pre_hook(lambda *_: counts.append(_live_matrices(shape)))
-        for m in hook.adapter.attention_modules()
-    ]
+
+    def watch(module, args, output) -> None:  # runs before the capture's hook drops it
+        assert tuple(output[1].shape) == shape
+        watched.append(weakref.ref(output[1]))
+
+    handles = []
+    for module in hook.adapter.attention_modules():
+        handles.append(module.register_forward_hook(watch, prepend=True))
+        handles.append(module.register_forward_pre_hook(
+            lambda *_: counts.append(sum(ref() is not None for ref in watched))))  # fmt: skip
     try:
         with torch.inference_mode():
             with capture(hook.layers) as session:
@@ -95,6 +99,7 @@ def test_only_one_layer_matrix_is_alive_at_a_time(runners) -> None:
             assert out.attentions is None and sorted(session.rows) == list(hook.layers)
             assert session.matrix_bytes == 4 * int(np.prod(shape))  # one layer's float32 matrix
             counts.clear()
+            watched.clear()
             hook.model(**hook.adapter.prompt_kwargs(batch), logits_to_keep=1,
                        output_attentions=True)  # fmt: skip
             assert counts == list(range(LAYERS))  # the measurement sees retained matrices
