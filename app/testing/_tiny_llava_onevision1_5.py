@@ -2,13 +2,14 @@
 
 Built from transformers' own Qwen2.5-VL classes, narrowed to what the published
 checkpoint shows of itself: ``model_type`` ``llavaonevision1_5``; the Qwen ChatML
-template with ``<|vision_start|><|image_pad|><|vision_end|>`` per image; patch 14, merge 2
-and one temporal patch (its patch embedding reads 3 x 14 x 14 pixels per patch); grouped
-heads 4 : 1 (32 : 8 in the 8B); plain 1-D text positions (2-D ``position_ids`` make
-Qwen2.5-VL's rope 1-D, as the real model's is); and a forward with the fixed argument list
+template with ``<|vision_start|><|image_pad|><|vision_end|>`` per image; patch 14 and merge
+2; grouped heads 4 : 1 (32 : 8 in the 8B); plain 1-D text positions (2-D ``position_ids``
+make Qwen2.5-VL's rope 1-D, as the real model's is); and a forward with the fixed argument list
 of the published ``modeling_llavaonevision1_5.py`` (no ``**kwargs``, no ``logits_to_keep``,
-no ``mm_token_type_ids``). Its attention still goes through transformers' interface; the
-adapter serves it through the eager-hook capture all the same, as it would the real one.
+no ``mm_token_type_ids``). Not mirrored: the Rice ViT tower (the stand-in keeps
+Qwen2.5-VL's, with two temporal patches where Rice has one) and the Qwen3 decoder's
+q/k norms. Its attention still goes through transformers' interface; the adapter serves
+it through the eager-hook capture all the same, as it would the real one.
 
 :func:`save_remote_code_checkpoint` writes it as a remote-code checkpoint (``auto_map`` and
 two small Python files that import these classes), so ``LAD_TRUST_REMOTE_CODE`` loading
@@ -22,15 +23,8 @@ from typing import Any
 
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
-from app.testing.tiny_models import (
-    QWEN_CHAT_TEMPLATE,
-    QWEN_SPECIAL_TOKENS,
-    _qwen_text_config,
-    byte_level_tokenizer,
-)
+from app.testing.tiny_models import build_tiny
 
 MODEL_TYPE = "llavaonevision1_5"
 
@@ -77,36 +71,17 @@ class StandInForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
 
 
 def build(seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """The stand-in and its processor; 12 decoder layers by default (Λ = 7..11)."""
-    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    side = int(overrides.pop("image_pixels", 56))
+    """The stand-in and its processor: the tiny Qwen2.5-VL build (its weights, its Qwen
+    processor and vocabulary) behind the OV-1.5 classes; 12 decoder layers by default
+    (Λ = 7..11) and grouped heads 4 : 1."""
     overrides.setdefault("num_hidden_layers", 12)
     overrides.setdefault("num_key_value_heads", 1)
-    text = _qwen_text_config(len(tokenizer), ids, overrides)
-    dtype = overrides.pop("dtype", torch.float32)
-    if overrides:
-        raise TypeError(f"unknown overrides for {MODEL_TYPE}: {sorted(overrides)}")
-    vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-        "out_hidden_size": text["hidden_size"], "patch_size": 14, "spatial_merge_size": 2,
-        "temporal_patch_size": 1, "window_size": 56, "fullatt_block_indexes": [0, 1],
-    }  # fmt: skip
-    config = StandInConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-    )
-    torch.manual_seed(seed)
-    model = StandInForConditionalGeneration(config).to(dtype).eval()
-    image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=side * side, max_pixels=side * side, temporal_patch_size=1
-    )
-    processor = Qwen2_5_VLProcessorNoVideo(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE
-    )
+    qwen, processor = build_tiny("qwen2_5_vl", seed=seed, **overrides)
+    fields = qwen.config.to_dict()
+    for key in ("model_type", "architectures", "transformers_version"):
+        fields.pop(key, None)
+    model = StandInForConditionalGeneration(StandInConfig(**fields)).to(qwen.dtype).eval()
+    model.load_state_dict(qwen.state_dict())
     return model, processor
 
 
