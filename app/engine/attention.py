@@ -28,8 +28,10 @@ layer keeps, while a capture is active and only for the layers in Λ, the t_q ro
 (B, H, T, T) weights that layer returned, and drops the matrix at once, so at most one
 layer's matrix is alive at any time. A forward pre-hook asks layers of Λ (and only
 them) for their weights where the module takes an ``output_attentions`` argument
-(attention classes written before transformers 4.48); the model itself is never asked
-for ``output_attentions``, so no layer's weights reach the output.
+(attention classes written before transformers 4.48, whose SDPA class then runs its eager
+code; where the model passes no mask, meaning causal to SDPA, the hook passes the causal
+mask eager needs); the model itself is never asked for ``output_attentions``, so no
+layer's weights reach the output.
 """
 
 from __future__ import annotations
@@ -212,9 +214,27 @@ def _ask_for_weights(layer_idx: int, takes_flag: bool) -> Any:
         session = _ACTIVE.get()
         if not takes_flag or session is None:
             return None
-        return args, {**kwargs, "output_attentions": session.wants(layer_idx)}
+        wanted = session.wants(layer_idx)
+        kwargs = {**kwargs, "output_attentions": wanted}
+        if wanted and kwargs.get("attention_mask") is None:
+            # no mask means causal to such a module's SDPA path (is_causal); its eager code,
+            # which this call falls back to, would attend to every key instead
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            kwargs["attention_mask"] = causal_mask(hidden, kwargs.get("past_key_value"), layer_idx)
+        return args, kwargs
 
     return pre_hook
+
+
+def causal_mask(hidden: torch.Tensor, cache: Any, layer_idx: int) -> torch.Tensor:
+    """Additive (1, 1, Q, P + Q) causal mask for ``hidden`` (B, Q, D) after P cached keys."""
+    past = int(cache.get_seq_length(layer_idx)) if cache is not None else 0
+    q_len = hidden.shape[1]
+    keys = torch.arange(past + q_len, device=hidden.device)
+    queries = torch.arange(q_len, device=hidden.device)[:, None] + past
+    blocked = torch.full((), torch.finfo(hidden.dtype).min, dtype=hidden.dtype)
+    mask = torch.where(keys[None, :] > queries, blocked.to(hidden.device), 0.0)
+    return mask.to(hidden.dtype)[None, None]
 
 
 def _keep_row_and_drop(layer_idx: int) -> Any:

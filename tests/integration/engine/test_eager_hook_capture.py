@@ -116,10 +116,13 @@ class OldStyleAttention(torch.nn.Module):
         self.weights = torch.softmax(torch.randn(2, 3, 4, 4, generator=torch.Generator()
                                                  .manual_seed(seed)), dim=-1)  # fmt: skip
         self.asked: list[bool] = []
+        self.masks: list[torch.Tensor | None] = []
 
-    def forward(self, hidden: torch.Tensor, output_attentions: bool = False) -> tuple:
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False) -> tuple:  # fmt: skip
         self.asked.append(output_attentions)
-        return hidden, self.weights if output_attentions else None, "cache"
+        self.masks.append(attention_mask)
+        return hidden_states, self.weights if output_attentions else None, "cache"
 
 
 def test_hooks_ask_only_the_layers_of_lambda_for_weights() -> None:
@@ -130,6 +133,12 @@ def test_hooks_ask_only_the_layers_of_lambda_for_weights() -> None:
     with capture((1,), query_index=torch.tensor([2, 3])) as session:
         outputs = [m(hidden, output_attentions=False) for m in modules]
     assert [m.asked for m in modules] == [[False], [True], [False]]
+    # asked for weights without a mask: given the causal mask its SDPA path implies
+    assert modules[0].masks == [None] and modules[2].masks == [None]
+    mask = modules[1].masks[0]
+    above = torch.ones(4, 4, dtype=torch.bool).triu(1)  # keys after the query
+    assert mask.shape == (1, 1, 4, 4) and bool((mask[0, 0][above] < -1e30).all())
+    assert bool((mask[0, 0][~above] == 0).all())
     assert all(out[1] is None and out[2] == "cache" for out in outputs)
     expected = modules[1].weights[[0, 1], :, [2, 3], :].mean(dim=1)
     torch.testing.assert_close(session.rows[1], expected)
