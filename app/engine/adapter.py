@@ -108,9 +108,9 @@ class FamilyAdapter(Protocol):
         """Positions of ``depth`` label tokens fed after prompts whose t_q is at ``last``."""
         ...
 
-    def attention_modules(self) -> Sequence[torch.nn.Module]:
-        """The self-attention module of each decoder layer, in layer order (the eager-hook
-        capture hooks them)."""
+    def attention_modules(self) -> Sequence[torch.nn.Module | None]:
+        """The self-attention module of each decoder layer, in layer order, None for a layer
+        without softmax attention (the eager-hook capture hooks them)."""
         ...
 
     def attn_implementation(self, text: str, vision: str = "sdpa") -> dict[str, str]:

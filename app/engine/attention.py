@@ -192,14 +192,14 @@ def enable_capture(model: torch.nn.Module, adapter: FamilyAdapter) -> None:
 _HOOKED = "_lad_row_hooks"
 
 
-def install_row_hooks(modules: Sequence[torch.nn.Module]) -> None:
+def install_row_hooks(modules: Sequence[torch.nn.Module | None]) -> None:
     """The eager-hook capture: a pre-hook and a forward hook on the attention module of each
     decoder layer, ``modules[l]`` being layer l's (idempotent). Both return at once while
     no capture is active, so the cached label steps and the eager reference see plain
     eager attention."""
     for layer_idx, module in enumerate(modules):
-        if getattr(module, _HOOKED, None) is not None:
-            continue
+        if module is None or getattr(module, _HOOKED, None) is not None:
+            continue  # no softmax attention in this layer, or hooked already
         takes_flag = "output_attentions" in inspect.signature(module.forward).parameters
         handles = (
             module.register_forward_pre_hook(_ask_for_weights(layer_idx, takes_flag),

@@ -209,9 +209,10 @@ class HFAdapter:
                 return layers
         raise NotImplementedError(f"{type(self).__name__} must say where its decoder layers are")
 
-    def attention_modules(self) -> Sequence[torch.nn.Module]:
-        """Each decoder layer's self-attention module, in layer order."""
-        return [layer.self_attn for layer in self.decoder_layers()]
+    def attention_modules(self) -> Sequence[torch.nn.Module | None]:
+        """Each decoder layer's self-attention module, in layer order (None for a layer
+        without one, e.g. a linear-attention layer)."""
+        return [getattr(layer, "self_attn", None) for layer in self.decoder_layers()]
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

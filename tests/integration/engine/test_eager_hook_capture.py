@@ -127,7 +127,7 @@ class OldStyleAttention(torch.nn.Module):
 
 def test_hooks_ask_only_the_layers_of_lambda_for_weights() -> None:
     modules = [OldStyleAttention(seed) for seed in range(3)]
-    install_row_hooks(modules)
+    install_row_hooks([*modules, None])  # None: a layer without softmax attention
     install_row_hooks(modules)  # idempotent
     hidden = torch.zeros(2, 4, 8)
     with capture((1,), query_index=torch.tensor([2, 3])) as session:
