@@ -45,6 +45,7 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
         layers=settings.layers, prompt_variant=settings.prompt_variant,
         threads=settings.torch_threads, max_pixels=settings.max_pixels,
         min_pixels=settings.min_pixels, device_map=settings.device_map,
+        trust_remote_code=settings.trust_remote_code,
     )
 
 

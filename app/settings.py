@@ -58,6 +58,10 @@ class Settings(BaseSettings):
         None, description='transformers device_map, e.g. "auto" to spread a model over '
         "several GPUs (unset: the whole model on LAD_DEVICE)"
     )
+    trust_remote_code: bool = Field(
+        False, description="run the Python code a checkpoint ships (model families outside "
+        "transformers, e.g. LLaVA-OneVision-1.5); off by default, logged as a warning when on"
+    )
 
     # --- calibration store ----------------------------------------------------------------
     store_url: str = Field(

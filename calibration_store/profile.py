@@ -58,6 +58,13 @@ class _FingerprintFields(BaseModel):
     model_revision: str | None = None
     dtype: str = Field(min_length=1)
     attention_backend: str = Field(min_length=1)
+    capture: str = Field(
+        "sdpa",
+        min_length=1,
+        description='how the attention rows were captured: "sdpa" (inside the SDPA call) or '
+        '"eager_hook" (per-layer hooks on eager attention); profiles written before the '
+        "field existed were all sdpa",
+    )
     prompt_hash: str = Field(min_length=1)
     label_scheme: str = Field(min_length=1, max_length=2048)
     n: int = Field(ge=1, le=4096)

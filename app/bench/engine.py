@@ -141,10 +141,12 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
     import torch
 
     from app.engine import debias
-    from app.engine.attention import CAPTURE_IMPLEMENTATION
+    from app.engine.attention import CAPTURE_IMPLEMENTATION, EAGER_HOOK_CAPTURE
 
     model, adapter = runner.model, runner.adapter
-    text_backend = {"sdpa": "sdpa", "agd": CAPTURE_IMPLEMENTATION, "eager": "eager"}[variant]
+    # agd runs on the family's capture path: lad_capture over SDPA, or eager (eager hook)
+    agd = "eager" if adapter.capture == EAGER_HOOK_CAPTURE else CAPTURE_IMPLEMENTATION
+    text_backend = {"sdpa": "sdpa", "agd": agd, "eager": "eager"}[variant]
     # (c) is what a user gets by loading the model with attn_implementation="eager"
     vision_backend = "eager" if variant == "eager" else "sdpa"
 

@@ -55,6 +55,9 @@ class FamilyAdapter(Protocol):
     model: torch.nn.Module
     processor: Any
     tokenizer: Any
+    capture: str
+    """How the t_q attention rows are captured: "sdpa" (inside transformers' SDPA call) or
+    "eager_hook" (per-layer hooks on eager attention; ``app.engine.attention``)."""
 
     def render(self, n_images: int, text: str) -> str:
         """The prompt string: N images first, then the text, generation prompt added."""
@@ -107,6 +110,11 @@ class FamilyAdapter(Protocol):
 
     def decode_position_ids(self, last: torch.Tensor, depth: int) -> torch.Tensor:
         """Positions of ``depth`` label tokens fed after prompts whose t_q is at ``last``."""
+        ...
+
+    def attention_modules(self) -> Sequence[torch.nn.Module | None]:
+        """The self-attention module of each decoder layer, in layer order, None for a layer
+        without softmax attention (the eager-hook capture hooks them)."""
         ...
 
     def attn_implementation(self, text: str, vision: str = "sdpa") -> dict[str, str]:

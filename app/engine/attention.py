@@ -19,12 +19,26 @@ mask at all (padding ignored).
 
 Capture state lives in a ``ContextVar``: per forward call and per thread, and
 off by default, so the trie's cached decode steps never record anything.
+
+Which capture a family uses is its adapter's ``capture`` (the profile fingerprint
+records it). ``"sdpa"`` is the above. ``"eager_hook"`` is the fallback for models whose
+attention bypasses ``AttentionInterface`` (remote code with its own attention classes):
+the text model runs eager, and a forward hook on the attention module of every decoder
+layer keeps, while a capture is active and only for the layers in Λ, the t_q row of the
+(B, H, T, T) weights that layer returned, and drops the matrix at once, so at most one
+layer's matrix is alive at any time. A forward pre-hook asks layers of Λ (and only
+them) for their weights where the module takes an ``output_attentions`` argument
+(attention classes written before transformers 4.48, whose SDPA class then runs its eager
+code; where the model passes no mask, meaning causal to SDPA, the hook passes the causal
+mask eager needs); the model itself is never asked for ``output_attentions``, so no
+layer's weights reach the output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,6 +52,10 @@ from app.engine.adapter import FamilyAdapter
 from app.engine.methods import MethodConfig
 
 CAPTURE_IMPLEMENTATION = "lad_capture"
+SDPA_CAPTURE = "sdpa"
+EAGER_HOOK_CAPTURE = "eager_hook"
+CAPTURES: tuple[str, ...] = (SDPA_CAPTURE, EAGER_HOOK_CAPTURE)
+"""The capture paths an adapter's ``capture`` may name (see the module docstring)."""
 LAYER_START_FRACTION = 0.58
 """Λ starts at round(0.58 L) (DESIGN §2.2): the later layers, where image attention is read."""
 
@@ -52,14 +70,35 @@ class AttentionCapture:
         self.layers = frozenset(int(layer) for layer in layers)
         self.query_index = query_index
         self.rows: dict[int, torch.Tensor] = {}
+        self.matrix_bytes = 0  # eager hook: the largest attention matrix a layer returned
+
+    def note_matrix(self, weights: torch.Tensor) -> None:
+        self.matrix_bytes = max(self.matrix_bytes, weights.numel() * weights.element_size())
 
     def wants(self, layer_idx: int | None) -> bool:
         return layer_idx is not None and layer_idx in self.layers and layer_idx not in self.rows
+
+    def keep_row(self, layer_idx: int, weights: torch.Tensor) -> None:
+        """Keep t_q's head-mean row of a layer's post-softmax weights (B, H, Q, S)."""
+        rows, index = query_rows(weights, self.query_index)
+        self.rows[layer_idx] = weights[rows, :, index, :].float().mean(dim=1)
 
 
 _ACTIVE: contextvars.ContextVar[AttentionCapture | None] = contextvars.ContextVar(
     "lad_attention_capture", default=None
 )
+
+
+def query_rows(
+    tensor: torch.Tensor, query_index: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, t_q) index pair selecting each batch row's query position of a (B, H, Q, ...)
+    tensor, on its device: t_q = ``query_index`` per row, or the last column Q - 1."""
+    batch, q_len = tensor.shape[0], tensor.shape[2]
+    rows = torch.arange(batch, device=tensor.device)
+    if query_index is None:
+        return rows, torch.full((batch,), q_len - 1, dtype=torch.long, device=tensor.device)
+    return rows, query_index.to(device=tensor.device, dtype=torch.long)
 
 
 def last_row_attention(
@@ -80,11 +119,7 @@ def last_row_attention(
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = dim**-0.5 if scaling is None else scaling
-    if query_index is None:
-        index = torch.full((batch,), q_len - 1, dtype=torch.long, device=query.device)
-    else:
-        index = query_index.to(device=query.device, dtype=torch.long)
-    rows = torch.arange(batch, device=query.device)
+    rows, index = query_rows(query, query_index)
     # (B, H_kv, G, D) @ (B, H_kv, D, S): query heads h = kv * G + g share key head kv
     q_row = query[rows, :, index, :].float().reshape(batch, kv_heads, groups, dim)
     scores = torch.matmul(q_row, key.float().transpose(-1, -2)) * scale
@@ -144,9 +179,80 @@ def register_capture() -> str:
 
 
 def enable_capture(model: torch.nn.Module, adapter: FamilyAdapter) -> None:
-    """Put the text model on the capture path and keep the vision tower on SDPA."""
+    """Put the text model on the adapter's capture path; the vision tower stays on SDPA."""
+    if adapter.capture == EAGER_HOOK_CAPTURE:
+        model.set_attn_implementation(adapter.attn_implementation("eager", "sdpa"))
+        install_row_hooks(adapter.attention_modules())
+        return
+    if adapter.capture != SDPA_CAPTURE:
+        raise ValueError(f"unknown capture {adapter.capture!r}; use one of {CAPTURES}")
     register_capture()
     model.set_attn_implementation(adapter.attn_implementation(CAPTURE_IMPLEMENTATION, "sdpa"))
+
+
+_HOOKED = "_lad_row_hooks"
+
+
+def install_row_hooks(modules: Sequence[torch.nn.Module | None]) -> None:
+    """The eager-hook capture: a pre-hook and a forward hook on the attention module of each
+    decoder layer, ``modules[l]`` being layer l's (idempotent). Both return at once while
+    no capture is active, so the cached label steps and the eager reference see plain
+    eager attention."""
+    for layer_idx, module in enumerate(modules):
+        if module is None or getattr(module, _HOOKED, None) is not None:
+            continue  # no softmax attention in this layer, or hooked already
+        takes_flag = "output_attentions" in inspect.signature(module.forward).parameters
+        handles = (
+            module.register_forward_pre_hook(_ask_for_weights(layer_idx, takes_flag),
+                                             with_kwargs=True),
+            module.register_forward_hook(_keep_row_and_drop(layer_idx)),
+        )  # fmt: skip
+        setattr(module, _HOOKED, handles)
+
+
+def _ask_for_weights(layer_idx: int, takes_flag: bool) -> Any:
+    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        session = _ACTIVE.get()
+        if not takes_flag or session is None:
+            return None
+        wanted = session.wants(layer_idx)
+        kwargs = {**kwargs, "output_attentions": wanted}
+        if wanted and kwargs.get("attention_mask") is None:
+            # no mask means causal to such a module's SDPA path (is_causal); its eager code,
+            # which this call falls back to, would attend to every key instead
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            kwargs["attention_mask"] = causal_mask(hidden, kwargs.get("past_key_value"), layer_idx)
+        return args, kwargs
+
+    return pre_hook
+
+
+def causal_mask(hidden: torch.Tensor, cache: Any, layer_idx: int) -> torch.Tensor:
+    """Additive (1, 1, Q, P + Q) causal mask for ``hidden`` (B, Q, D) after P cached keys."""
+    past = int(cache.get_seq_length(layer_idx)) if cache is not None else 0
+    q_len = hidden.shape[1]
+    keys = torch.arange(past + q_len, device=hidden.device)
+    queries = torch.arange(q_len, device=hidden.device)[:, None] + past
+    blocked = torch.full((), torch.finfo(hidden.dtype).min, dtype=hidden.dtype)
+    mask = torch.where(keys[None, :] > queries, blocked.to(hidden.device), 0.0)
+    return mask.to(hidden.dtype)[None, None]
+
+
+def _keep_row_and_drop(layer_idx: int) -> Any:
+    def hook(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+        session = _ACTIVE.get()
+        if session is None or not isinstance(output, tuple) or len(output) < 2:
+            return None
+        weights = output[1]
+        if not isinstance(weights, torch.Tensor):
+            return None
+        if session.wants(layer_idx):
+            with torch.no_grad():
+                session.keep_row(layer_idx, weights)
+        session.note_matrix(weights)
+        return (output[0], None, *output[2:])  # the matrix goes now, not at the layer's end
+
+    return hook
 
 
 def eager_attentions(
@@ -239,7 +345,9 @@ def aggregate_spans(
             f"no attention captured for layers {missing}; is the text model on "
             f"{CAPTURE_IMPLEMENTATION!r} attention?"
         )
-    stacked = torch.stack([session.rows[layer] for layer in layers], dim=1)  # (B, |Λ|, S)
+    # with a device_map the rows come from each layer's device: gather them on the first's
+    device = session.rows[layers[0]].device
+    stacked = torch.stack([session.rows[layer].to(device) for layer in layers], dim=1)
     # prefix sums in float64, so a span sum is one subtraction without cancellation error
     cumulative = torch.nn.functional.pad(stacked.double().cumsum(dim=-1), (1, 0)).cpu().numpy()
     out: list[np.ndarray] = []

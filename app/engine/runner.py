@@ -34,6 +34,8 @@ from transformers import DynamicCache
 from app.engine.adapter import FamilyAdapter, PromptBatch
 from app.engine.attention import (
     CAPTURE_IMPLEMENTATION,
+    EAGER_HOOK_CAPTURE,
+    SDPA_CAPTURE,
     aggregate_spans,
     capture,
     default_layers,
@@ -46,6 +48,8 @@ from app.engine.trie import LabelTrie, StepFn, score_label_tries
 from calibration_store.profile import Fingerprint
 
 TRIE_CACHE_SIZE = 256
+_KERNELS = {SDPA_CAPTURE: "sdpa", EAGER_HOOK_CAPTURE: "eager"}
+"""The kernel that computes the text attention under each capture (fingerprinted)."""
 
 
 def _select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
@@ -188,7 +192,10 @@ class Runner:
     # ---- properties -------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the first parameter's device (cpu when a device_map offloaded
+        it to disk, which leaves it on meta; accelerate's hooks then move the inputs)."""
+        device = next(self.model.parameters()).device
+        return torch.device("cpu") if device.type == "meta" else device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -196,8 +203,14 @@ class Runner:
 
     @property
     def attention_backend(self) -> str:
-        """The text model's attention implementation (the capture path over SDPA)."""
+        """The text model's attention implementation (the capture path over SDPA, or eager
+        under the eager-hook capture)."""
         return self.adapter.text_attn_implementation() or CAPTURE_IMPLEMENTATION
+
+    @property
+    def capture(self) -> str:
+        """The capture path of the attention rows: "sdpa" or "eager_hook"."""
+        return self.adapter.capture
 
     # ---- prompts and labels -------------------------------------------------------------
     def prompts(self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits") -> list[str]:
@@ -248,7 +261,8 @@ class Runner:
             model_id=self.model_id,
             model_revision=self.revision,
             dtype=str(self.dtype).removeprefix("torch."),
-            attention_backend=f"{self.attention_backend}(sdpa)",
+            attention_backend=f"{self.attention_backend}({_KERNELS[self.capture]})",
+            capture=self.capture,
             prompt_hash=prompt_hash(self.prompt_variant, self.adapter.chat_template()),
             label_scheme=scheme_name(labels),
             n=int(n),
@@ -385,11 +399,15 @@ class Runner:
             if cache is None:
                 raise RuntimeError("a cached step was requested but no KV cache was kept")
             depth = paths.shape[1]
+            # rows arrive on the logits' device (the last layer's, under a device_map)
+            rows = rows.to(mask.device)
             step_mask = torch.cat([mask.index_select(0, rows), mask.new_ones(len(rows), depth)], 1)
             step_out = self.model(
-                input_ids=paths,
+                input_ids=paths.to(mask.device),
                 attention_mask=step_mask,
-                position_ids=self.adapter.decode_position_ids(last.index_select(0, rows), depth),
+                position_ids=self.adapter.decode_position_ids(
+                    last.index_select(0, rows.to(last.device)), depth
+                ),
                 past_key_values=_select_cache_rows(cache, rows),
                 use_cache=True,
                 logits_to_keep=1,

@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     config.cot_prompt = config.cot_prompt or settings.cot_prompt
     config.cot_max_new_tokens = config.cot_max_new_tokens or settings.cot_max_new_tokens
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
-                         threads=config.threads)  # fmt: skip
+                         threads=config.threads, device_map=settings.device_map,
+                         trust_remote_code=settings.trust_remote_code)  # fmt: skip
     if config.stream:
         return _stream(runner, config)
     from app.eval.harness import run_evaluation

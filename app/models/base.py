@@ -38,6 +38,9 @@ class HFAdapter:
     processor_settings: ClassVar[tuple[str, ...]] = ()
     # extra variables of the chat template (e.g. enable_thinking=False: answer, do not think)
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
+    # "sdpa": rows captured inside transformers' SDPA call; "eager_hook": the fallback for
+    # attention that bypasses transformers' attention interface (app.engine.attention)
+    capture: ClassVar[str] = "sdpa"
     # documentation (the README family table): the image-token layout in one line, the knob
     # that bounds the tokens per image, and what was tested
     doc_layout: ClassVar[str] = ""
@@ -52,21 +55,24 @@ class HFAdapter:
 
     # ---- processor ---------------------------------------------------------------
     @classmethod
-    def load_processor(cls, path: str, revision: str | None = None) -> Any:
+    def load_processor(
+        cls, path: str, revision: str | None = None, trust_remote_code: bool = False
+    ) -> Any:
         """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
         torchvision for a video processor), rebuild it from its saved parts and the
         saved ``processor_settings``."""
         from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
         from transformers.processing_utils import ProcessorMixin
 
+        options = {"revision": revision, "trust_remote_code": trust_remote_code}
         try:
-            processor = AutoProcessor.from_pretrained(path, revision=revision)
+            processor = AutoProcessor.from_pretrained(path, **options)
         except Exception:  # any failure here has the parts-based fallback below
             processor = None
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-        image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(path, **options)
+        image_processor = AutoImageProcessor.from_pretrained(path, **options)
         settings: dict[str, Any] = {}
         if cls.processor_settings:
             saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
@@ -203,6 +209,21 @@ class HFAdapter:
         only layers Λ may hold. Default: all of them; hybrid families (linear-attention or
         sliding-window layers) override this from their config."""
         return tuple(range(self.num_layers()))
+
+    def decoder_layers(self) -> Sequence[torch.nn.Module]:
+        """The text model's decoder layers (``language_model.layers`` where transformers'
+        MLLMs keep them)."""
+        for owner in (getattr(self.model, "model", None), self.model):
+            language_model = getattr(owner, "language_model", None)
+            layers = getattr(language_model, "layers", None)
+            if layers is not None:
+                return layers
+        raise NotImplementedError(f"{type(self).__name__} must say where its decoder layers are")
+
+    def attention_modules(self) -> Sequence[torch.nn.Module | None]:
+        """Each decoder layer's self-attention module, in layer order (None for a layer
+        without one, e.g. a linear-attention layer)."""
+        return [getattr(layer, "self_attn", None) for layer in self.decoder_layers()]
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

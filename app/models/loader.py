@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,20 @@ def resolve_dtype(
         raise ValueError(f"unknown dtype {dtype!r}; use auto or one of {sorted(_DTYPES)}") from None
 
 
-def _model_class(config: Any) -> Any:
+REMOTE_AUTO_CLASSES = ("AutoModelForImageTextToText", "AutoModelForCausalLM", "AutoModel")
+"""Auto classes a remote-code checkpoint may map its model to (``auto_map``), in order."""
+
+
+def _model_class(config: Any, trust_remote_code: bool = False) -> Any:
     for name in getattr(config, "architectures", None) or ():
         cls = getattr(transformers, name, None)
         if cls is not None:
             return cls
+    auto_map = getattr(config, "auto_map", None) or {}
+    if trust_remote_code:  # the checkpoint's own class, through the auto class it names
+        for name in REMOTE_AUTO_CLASSES:
+            if name in auto_map:
+                return getattr(transformers, name)
     return transformers.AutoModelForImageTextToText
 
 
@@ -123,15 +133,17 @@ def load_runner(
     max_pixels: int | None = None,
     min_pixels: int | None = None,
     device_map: str | None = None,
+    trust_remote_code: bool = False,
 ) -> Runner:
     """Load ``model`` (hub name, local directory, or ``"demo"``) and wrap it in a Runner.
 
     ``threads`` sets torch's intra-op thread count before loading (None: leave it).
     ``max_pixels`` / ``min_pixels`` bound each image's pixels through the family's
     processor; ``device_map`` (e.g. "auto", needs the ``accelerate`` package) spreads the
-    model over several devices instead of moving it to ``device``. Progress goes to the
-    log as plain lines; nothing is written to HF_HOME. Raises ModelLoadError with what to
-    do when the model cannot be found.
+    model over several devices instead of moving it to ``device``. ``trust_remote_code``
+    runs the Python code a checkpoint ships (off by default; logged as a warning). Progress
+    goes to the log as plain lines; nothing is written to HF_HOME. Raises ModelLoadError
+    with what to do when the model cannot be found.
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
@@ -147,19 +159,24 @@ def load_runner(
     where = f"device_map={device_map!r}" if device_map else str(target)
     log.info("loading model %s (revision %s) on %s as %s", model, revision or "default",
              where, str(torch_dtype).removeprefix("torch."))
-    config = _pretrained(AutoConfig.from_pretrained, model, source, revision)
+    if trust_remote_code:
+        log.warning("LAD_TRUST_REMOTE_CODE is on: model %s (revision %s) may run the Python "
+                    "code it ships", model, revision or "default, not pinned")
+    remote = {"trust_remote_code": bool(trust_remote_code)}
+    config = _pretrained(partial(AutoConfig.from_pretrained, **remote), model, source, revision)
     try:
         adapter_cls = adapter_for(config)  # fails early, listing supported types
     except UnsupportedModelError as exc:
         raise ModelLoadError(f"cannot serve model {model!r}: {exc}") from None
     log.info("model type %s (%s); loading weights", config.model_type, adapter_cls.__name__)
-    loaded = _load_weights(config, model, source, revision, torch_dtype, device_map)
+    loaded = _load_weights(config, model, source, revision, torch_dtype, device_map, remote)
     if device_map is None:
         loaded = loaded.to(target)
     loaded = loaded.eval()
     log.info("weights loaded: %.1f M parameters in %.1f s", _millions(loaded),
              time.perf_counter() - started)
-    processor = _pretrained(adapter_cls.load_processor, model, source, revision)
+    processor = _pretrained(partial(adapter_cls.load_processor, **remote), model, source,
+                            revision)  # fmt: skip
     if max_pixels is not None or min_pixels is not None:
         budget = adapter_cls.set_pixel_budget(processor, max_pixels, min_pixels)
         if budget is None:
@@ -184,19 +201,33 @@ def _millions(model: torch.nn.Module) -> float:
 
 
 def _pretrained(load: Any, model: str, source: str, revision: str | None) -> Any:
-    """``load(source, revision=...)``, with a hub name that cannot be resolved explained."""
+    """``load(source, revision=...)``, with a hub name that cannot be resolved explained,
+    and a checkpoint whose own code is refused or does not import."""
     try:
         return load(source, revision=revision)
     except OSError as exc:
         if _is_hub_name(source):
             raise _unreachable(model, revision, exc) from None
         raise ModelLoadError(f"cannot load model {model!r} from {source}: {exc}") from None
+    except ImportError as exc:  # remote code written against another transformers
+        raise ModelLoadError(
+            f"the code shipped with model {model!r} does not import with transformers "
+            f"{transformers.__version__}: {exc}"
+        ) from None
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ModelLoadError(
+            f"model {model!r} needs the Python code it ships: set LAD_TRUST_REMOTE_CODE=true "
+            "to run it (only for checkpoints you trust; README 'Models')"
+        ) from None
 
 
 def _load_weights(config: Any, model: str, source: str, revision: str | None,
-                  torch_dtype: torch.dtype, device_map: str | None) -> torch.nn.Module:
+                  torch_dtype: torch.dtype, device_map: str | None,
+                  remote: dict[str, bool]) -> torch.nn.Module:
     options: dict[str, Any] = {"revision": revision, "dtype": torch_dtype,
-                               "attn_implementation": "sdpa"}
+                               "attn_implementation": "sdpa", **remote}
     if device_map is not None:
         if importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError(
@@ -204,7 +235,8 @@ def _load_weights(config: Any, model: str, source: str, revision: str | None,
                 "pip install accelerate"
             )
         options["device_map"] = device_map
+    model_class = _model_class(config, remote["trust_remote_code"])
     return _pretrained(
-        lambda src, revision: _model_class(config).from_pretrained(src, **options),
+        lambda src, revision: model_class.from_pretrained(src, **options),
         model, source, revision,
     )

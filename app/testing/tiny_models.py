@@ -51,6 +51,8 @@ _OTHER_FAMILIES = {
     "idefics3": "app.testing._tiny_idefics3",
     "smolvlm": "app.testing._tiny_smolvlm",
     "mistral3": "app.testing._tiny_mistral3",
+    # a stand-in (Qwen2.5-VL classes behind the published OV-1.5 layout), eager-hook capture
+    "llavaonevision1_5": "app.testing._tiny_llava_onevision1_5",
 }
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -208,18 +210,21 @@ def tiny_runner(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     prompt_variant: str = "vanilla",
+    capture: str | None = None,
     **overrides: Any,
 ) -> Any:
     """A Runner over ``build_tiny(family)`` (model id ``tiny-<family>``). ``layers`` keeps
     only the layers with softmax attention over the whole prompt (a hybrid family's tiny
-    model has fewer), so one layer set serves every family."""
-    from app.models.loader import make_runner
+    model has fewer), so one layer set serves every family; ``capture`` forces the family's
+    adapter onto another capture path (the eager-hook fallback's tests)."""
+    from app.engine.runner import Runner
     from app.models.registry import adapter_for
 
     model, processor = build_tiny(family, seed=seed, **overrides)
+    adapter = adapter_for(model.config)(model, processor)
+    if capture is not None:
+        adapter.capture = capture
     if layers is not None:
-        eligible = adapter_for(model.config)(model, processor).attention_layers()
+        eligible = adapter.attention_layers()
         layers = [layer for layer in layers if layer in eligible]
-    return make_runner(
-        model, processor, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant
-    )
+    return Runner(adapter, model_id=f"tiny-{family}", layers=layers, prompt_variant=prompt_variant)

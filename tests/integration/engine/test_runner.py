@@ -249,6 +249,7 @@ def test_fingerprint_fields(runner: Runner) -> None:
         "model_revision": None,
         "dtype": "float32",
         "attention_backend": "lad_capture(sdpa)",
+        "capture": "sdpa",
         "prompt_hash": prompt_hash("vanilla", runner.adapter.chat_template()),
         "label_scheme": "digits",
         "n": 4,

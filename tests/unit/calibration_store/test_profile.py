@@ -127,3 +127,17 @@ def test_calibration_position_share_is_optional_and_checked() -> None:
     for bad in ([0.5, 0.5], [0.5, 0.25, 0.5], [1.5, -0.25, -0.25], [float("nan"), 0.5, 0.5]):
         with pytest.raises(ValidationError, match="calibration_position_share"):
             build(calibration_position_share=bad)
+
+
+def test_the_capture_is_fingerprinted_and_old_profiles_read_as_sdpa() -> None:
+    """A profile written before the capture was recorded (no "capture" key) loads as an SDPA
+    capture's, and a profile of one capture mismatches an engine on the other."""
+    doc = build().to_dict()
+    assert doc["capture"] == "sdpa"
+    del doc["capture"]
+    old = Profile.from_json(json.dumps(doc))
+    assert old.capture == "sdpa" and old.fingerprint == Fingerprint.of(FP)
+    engine = Fingerprint.of({**FP, "capture": "eager_hook"})
+    assert old.fingerprint.mismatches(engine) == {"capture": ("sdpa", "eager_hook")}
+    hooked = build(fingerprint=engine)
+    assert Profile.from_json(hooked.to_json()).capture == "eager_hook"
