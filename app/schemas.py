@@ -319,7 +319,8 @@ class FeedbackResponse(BaseModel):
     profile: str = Field(description="the profile the feedback feeds")
     labels: str = Field(description="its label scheme")
     n: int = Field(description="its N")
-    held_out: bool = Field(description="kept aside to judge refreshes (1 request id in 5)")
+    held_out: bool = Field(description="kept aside to judge refreshes (the server's random "
+                           "draw, 1 in 5, made when the retrieval was served)")  # fmt: skip
     refresh: dict[str, object] | None = Field(
         None, description="the automatic refresh this feedback triggered "
         "(LAD_FEEDBACK_REFRESH_EVERY), if any"

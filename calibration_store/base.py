@@ -33,6 +33,11 @@ class StoreUnavailable(StoreError):
     """The backend cannot be reached or written (Redis down, disk error)."""
 
 
+class StoreCorrupt(StoreError):
+    """A stored document cannot be read back (bad JSON, invalid fields, an unknown schema):
+    a fault of the store's content, not of the request."""
+
+
 class ProfileNotFound(StoreError):
     """No profile (or no such version) under this key."""
 
@@ -63,6 +68,11 @@ def sorted_keys(keys: Any, model_id: str | None) -> list[ProfileKey]:
     """Filter by model and order keys stably (model, name, labels, N)."""
     chosen = [k for k in keys if model_id is None or k.model_id == model_id]
     return sorted(chosen, key=lambda k: (k.model_id, k.name, k.label_scheme, k.n))
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error's text for one log line (pydantic's span many)."""
+    return " | ".join(str(exc).split("\n"))[:limit]
 
 
 def check_keep_versions(keep_versions: int) -> int:

@@ -48,9 +48,11 @@ from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
     NoPreviousVersion,
     ProfileNotFound,
+    StoreCorrupt,
     StoreUnavailable,
     check_distinct,
     check_keep_versions,
+    one_line,
     sorted_keys,
 )
 from calibration_store.profile import Profile, ProfileKey
@@ -120,8 +122,11 @@ class RedisProfileStore:
         try:
             self.sync()
         except StoreUnavailable as exc:  # start degraded; the listener keeps reconnecting
-            log.warning("profile store: Redis is unreachable at start-up (%s); serving an "
-                        "empty copy and reconnecting in the background", exc)
+            log.warning(
+                "profile store: Redis is unreachable at start-up (%s); serving an "
+                "empty copy and reconnecting in the background",
+                exc,
+            )
         if listen:
             self.start_listener()
 
@@ -200,7 +205,12 @@ class RedisProfileStore:
     def get_version(self, key: ProfileKey, version: int) -> Profile | None:
         name = self._k("profile", f"{encode_key(key)}:v{version}")
         doc = self._call("get_version", lambda: self._client.get(name))
-        return None if doc is None else Profile.from_json(doc)
+        if doc is None:
+            return None
+        try:
+            return Profile.from_json(doc)
+        except ValueError as exc:  # bad JSON, invalid fields, or an unknown schema_version
+            raise StoreCorrupt(f"document {name} cannot be read: {one_line(exc)}") from exc
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
@@ -261,8 +271,12 @@ class RedisProfileStore:
 
     def delete(self, key: ProfileKey) -> bool:
         enc = encode_key(key)
-        keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
-                self._k("versions", enc)]
+        keys = [
+            f"{self.prefix}:seq",
+            f"{self.prefix}:keys",
+            self._k("current", enc),
+            self._k("versions", enc),
+        ]
         args = [enc, self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
         existed, rev = self._call("delete", lambda: self._delete(keys=keys, args=args))
         if existed:

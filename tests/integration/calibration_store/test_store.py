@@ -25,6 +25,7 @@ from calibration_store import (
     ProfileKey,
     ProfileNotFound,
     ProfileStore,
+    StoreCorrupt,
     StoreUnavailable,
     UnknownSchemaVersion,
     open_store,
@@ -410,8 +411,9 @@ def test_redis_trims_documents_and_guards_schema(
     assert [d.rsplit(":", 1)[1] for d in docs] == ["v3", "v4"]
     admin.set(docs[0], admin.get(docs[0]).replace('"schema_version":1', '"schema_version":2'))
     admin.close()
-    with pytest.raises(UnknownSchemaVersion):
+    with pytest.raises(StoreCorrupt) as info:  # the service answers 500 store_corrupt
         store.get_version(make_profile().key, 3)
+    assert isinstance(info.value.__cause__, UnknownSchemaVersion)
 
 
 # ------------------------------------------------------- versions never go backwards
