@@ -7,6 +7,8 @@ Layout under a prefix P, with E = the URL-quoted key segments "model:name:labels
     P:counter:E              the last version allocated: the high-water mark (kept on delete)
     P:keys                   set of every E
     P:seq                    global change sequence; each change gets a fresh `rev`
+    P:epoch                  a random name for this Redis's data, set by the first replica
+                             that finds none: a new one means Redis lost everything
 A change (put, rollback, delete) is one Lua script, so pointer swap, trimming to
 the last K versions and the pub/sub message on P:profiles:changed are atomic. A put
 allocates its version inside that script (optimistically: it reads the counter, builds the
@@ -18,8 +20,20 @@ delete and versions of a key only ever increase.
 Each replica serves `get` from an in-memory copy kept fresh three ways, because
 pub/sub drops messages while a subscriber is disconnected: a listener thread
 reloads a key when its message arrives; every (re)subscription triggers a full
-re-read; and a periodic poll re-reads everything. A cached entry is replaced only
-by one with a newer-or-equal `rev`, so a slow reload never undoes a newer change.
+re-read; and a periodic poll re-reads everything. Each key's cached state is stamped
+with the change sequence it is known as of (a change's `rev`, or the `seq` a snapshot
+was read at), and replaced only by a state known as of a later-or-equal point, so a slow
+reload never undoes a newer change, yet a key that vanished for a moment (an eviction)
+and was repaired is picked up by the next read (its removal is stamped with the read's
+`seq`, never above a later read's). A document missing behind an existing pointer keeps
+the copy served (like an unreadable one) and is reported.
+
+Versions are never reused, even by a Redis that restarted empty or was restored from an
+older backup: each replica remembers the highest version it has seen of every key (the
+counters, which a snapshot returns) and allocates above it; when it finds a new epoch or a
+change sequence that went back, it serves what Redis holds now (every replica then
+agrees), and republishes its high-water marks (RAISE) so that a replica that never saw
+them allocates above them too.
 
 Degraded, not down: when Redis cannot be reached at start-up the store still opens (empty
 copy, reported not ok) and the listener keeps reconnecting in the background; while Redis
@@ -56,7 +70,7 @@ from calibration_store.base import (
     sorted_keys,
 )
 from calibration_store.profile import Profile, ProfileKey
-from calibration_store.redis_scripts import COMMIT, DELETE, ROLLBACK, SNAPSHOT
+from calibration_store.redis_scripts import COMMIT, DELETE, RAISE, ROLLBACK, SNAPSHOT
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +123,15 @@ class RedisProfileStore:
         self._rollback = self._client.register_script(ROLLBACK)
         self._delete = self._client.register_script(DELETE)
         self._snapshot = self._client.register_script(SNAPSHOT)
+        self._raise = self._client.register_script(RAISE)
         self._cache: dict[ProfileKey, Profile] = {}
-        self._revs: dict[ProfileKey, int] = {}
+        self._revs: dict[ProfileKey, int] = {}  # the change sequence each state is known as of
+        self._high: dict[ProfileKey, int] = {}  # highest version seen (kept on delete and loss)
         self._lock = threading.RLock()
+        self._load_lock = threading.Lock()  # snapshots apply in the order they were read
+        self._epoch: str | None = None
+        self._seq_seen = 0
+        self.store_resets = 0  # times Redis was found emptied or rewound
         self._errors: dict[str, str] = {}  # encoded key -> why its document was skipped
         self._connected = False
         self._last_sync: float | None = None
@@ -142,16 +162,21 @@ class RedisProfileStore:
             self._last_error = f"{what}: {exc}"
             raise StoreUnavailable(f"redis {what} failed: {exc}") from exc
 
-    def _apply(self, key: ProfileKey, rev: int, profile: Profile | None) -> None:
-        """Install a change in the cache unless a newer one (higher rev) is already there."""
+    def _apply(self, key: ProfileKey, at: int, profile: Profile | None) -> None:
+        """Install a key's state as of change sequence ``at`` unless a later one is there."""
         with self._lock:
-            if rev < self._revs.get(key, -1):
+            if at < self._revs.get(key, -1):
                 return
-            self._revs[key] = rev
+            self._revs[key] = at
             if profile is None:
                 self._cache.pop(key, None)
             else:
                 self._cache[key] = profile
+                self._seen(key, profile.version)
+
+    def _seen(self, key: ProfileKey, version: int) -> None:
+        with self._lock:
+            self._high[key] = max(self._high.get(key, 0), version)
 
     def _parse(self, encoded: str, doc: str) -> Profile | None:
         try:
@@ -164,22 +189,64 @@ class RedisProfileStore:
         return profile
 
     def _load(self, encoded: list[str] | None) -> None:
-        """Re-read the given keys (None = all) atomically and reconcile the cache."""
+        """Re-read the given keys (None = all) atomically and reconcile the cache: every state
+        read is known as of the snapshot's `seq`."""
         args = [self.prefix, *(encoded or [])]
-        out = self._snapshot(keys=[f"{self.prefix}:seq", f"{self.prefix}:keys"], args=args)
-        seq = int(out[0])
-        seen: set[ProfileKey] = set()
-        for i in range(1, len(out), 3):
-            key = decode_key(out[i])
-            profile = self._parse(out[i], out[i + 2])
-            seen.add(key)  # an unreadable document keeps the copy we already serve
-            if profile is not None:
-                self._apply(key, int(out[i + 1]), profile)
+        names = [f"{self.prefix}:seq", f"{self.prefix}:keys", f"{self.prefix}:epoch"]
+        with self._load_lock:
+            out = self._snapshot(keys=names, args=args)
+            seq = int(out[0])
+            self._check_epoch(out[1] or self._claim_epoch(), seq)
+            seen: set[ProfileKey] = set()
+            for i in range(2, len(out), 3):
+                key = decode_key(out[i])
+                seen.add(key)  # an unreadable or missing document keeps the copy we serve
+                self._seen(key, int(out[i + 2]))
+                if not out[i + 1]:
+                    self._errors[out[i]] = "document missing behind its current pointer"
+                    log.warning("profile %s: document missing (evicted?)", out[i])
+                    continue
+                profile = self._parse(out[i], out[i + 1])
+                if profile is not None:
+                    self._apply(key, seq, profile)
+            with self._lock:
+                scope = list(self._cache) if encoded is None else [decode_key(e) for e in encoded]
+            for key in scope:
+                if key not in seen:  # gone at `seq`: removes it unless a newer change landed
+                    self._apply(key, seq, None)
+
+    def _claim_epoch(self) -> str | None:
+        """A Redis without an epoch (new, emptied, or older than epochs) gets one; the first
+        replica's wins. None when Redis refuses the write (judged by `seq` alone then)."""
+        name = f"{self.prefix}:epoch"
+        try:
+            self._client.set(name, uuid.uuid4().hex, nx=True)
+            return self._client.get(name)
+        except RedisError as exc:
+            log.warning("profile store: cannot name the Redis epoch (%s)", exc)
+            return None
+
+    def _check_epoch(self, epoch: str | None, seq: int) -> None:
+        """After Redis lost its data (a new epoch) or went back in time (its change sequence
+        fell: an older backup, a failover to a lagging replica), the copy follows it and the
+        high-water marks this replica saw go back into Redis."""
+        lost = seq < self._seq_seen or (None not in (epoch, self._epoch) and epoch != self._epoch)
+        self._epoch = epoch or self._epoch
+        self._seq_seen = seq
+        if not lost:
+            return
+        self.store_resets += 1
+        log.warning("profile store: Redis lost its data or was rewound (change sequence %d); "
+                    "serving what it holds now, versions continue above the highest seen", seq)
         with self._lock:
-            scope = list(self._cache) if encoded is None else [decode_key(e) for e in encoded]
-        for key in scope:
-            if key not in seen:  # gone at `seq`: removes it unless a newer change landed
-                self._apply(key, seq, None)
+            self._revs.clear()
+            highs = dict(self._high)
+        if highs:
+            counters = [self._k("counter", encode_key(k)) for k in highs]
+            try:
+                self._raise(keys=counters, args=list(highs.values()))
+            except RedisError as exc:  # this replica still allocates above them itself
+                log.warning("profile store: cannot republish version high-water marks: %s", exc)
 
     def sync(self) -> None:
         """Full re-read of every profile (on start, on every (re)subscription, every poll)."""
@@ -224,9 +291,10 @@ class RedisProfileStore:
         counters = [self._k("counter", enc) for enc in encs]
         for _ in range(_PUT_ATTEMPTS):
             lasts = self._call("put", partial(self._client.mget, counters))
-            stored = [
-                p.stored_as(int(last or 0) + 1) for p, last in zip(profiles, lasts, strict=True)
-            ]
+            with self._lock:  # above what Redis counts and what this replica ever saw
+                nexts = [max(int(last or 0), self._high.get(k, 0)) + 1
+                         for k, last in zip(keys, lasts, strict=True)]  # fmt: skip
+            stored = [p.stored_as(v) for p, v in zip(profiles, nexts, strict=True)]
             script_keys = [f"{self.prefix}:seq", f"{self.prefix}:keys"]
             args: list[Any] = [len(stored), self.keep_versions, self.channel, self.instance_id]
             for enc, counter, s in zip(encs, counters, stored, strict=True):
@@ -241,7 +309,10 @@ class RedisProfileStore:
             if int(out[0]) == -1:  # another put took a version first: read the counters again
                 continue
             rev, stale = int(out[0]), []
+            if rev <= self._seq_seen:  # the change sequence went back: Redis lost data
+                self._call("put", partial(self._load, None))
             for i, (key, s) in enumerate(zip(keys, stored, strict=True)):
+                self._seen(key, s.version)
                 if int(out[2 + 2 * i]) == s.version:
                     self._apply(key, rev, s)
                 else:  # a concurrent, newer put won the pointer; serve whatever is current
@@ -368,6 +439,7 @@ class RedisProfileStore:
             "subscriptions": self.subscriptions,
             "last_error": self._last_error,
             "errors": dict(self._errors),
+            "store_resets": self.store_resets,
             "key_prefix": self.prefix,
         }
 

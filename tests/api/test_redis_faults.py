@@ -65,6 +65,12 @@ class RedisServer:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def wipe(self) -> None:
+        """Lose every key, as a restart without persistence does (call while stopped)."""
+        assert self.proc is None
+        for path in self.dir.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
     def kill(self) -> None:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGCONT)
@@ -184,3 +190,32 @@ def test_starts_with_redis_down_and_recovers_without_a_restart(
     assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
     assert client.post("/v1/retrieve", json=retrieve_body(items[0])).json()["profile"] == {
         "name": "default", "version": 1}
+
+
+def test_redis_restarted_empty_never_reuses_a_version(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
+    """Redis comes back without its data: the replica follows it (no cached v2 served beside
+    an empty store) and no version number is handed out twice, by it or by a fresh replica."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)  # fmt: skip
+    versions = [client.post("/v1/calibrate", json=calibrate_json).json()["version"]
+                for _ in range(2)]  # fmt: skip
+    assert versions == [1, 2]
+    store = client.app.state.service.store
+    (key,) = store.list_keys()
+    served = store.get(key)
+    redis_server.kill()
+    redis_server.wipe()
+    redis_server.start()
+    body = retrieve_body(items[0])
+    _wait_for(lambda: client.post("/v1/retrieve", json=body).status_code == 409, 15)
+    assert store.health()["store_resets"] == 1
+    fresh = RedisProfileStore(redis_server.url, key_prefix=redis_prefix, listen=False)
+    versions.append(fresh.put(served).version)  # a replica that never saw v1 and v2
+    fresh.close()
+    versions.append(client.post("/v1/calibrate", json=calibrate_json).json()["version"])
+    assert versions == [1, 2, 3, 4]
+    _wait_for(lambda: client.post("/v1/retrieve", json=body).json()["profile"] == {
+        "name": "default", "version": 4}, 5)  # fmt: skip

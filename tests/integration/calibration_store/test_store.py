@@ -416,6 +416,37 @@ def test_redis_trims_documents_and_guards_schema(
     assert isinstance(info.value.__cause__, UnknownSchemaVersion)
 
 
+@pytest.mark.redis
+def test_a_replica_recovers_a_profile_that_vanished_for_a_moment(
+    open_redis: Callable[..., RedisProfileStore], redis_prefix: str,
+) -> None:
+    """An eviction (shared Redis, allkeys-lru) or a restore takes a key away and brings it
+    back unchanged, after other keys moved the change sequence past the key's own rev."""
+    from calibration_store.redis_store import encode_key
+
+    a, b = open_redis(), open_redis(poll_interval=0.2)
+    key = make_profile().key
+    first = a.put(make_profile())
+    a.put(make_profile("other"))
+    wait_for(lambda: b.get(key) == first)
+    admin = redis.Redis.from_url(REDIS_URL)
+    enc = encode_key(key)
+    doc, pointer = f"{redis_prefix}:profile:{enc}:v1", f"{redis_prefix}:current:{enc}"
+    saved = admin.dump(doc)
+    admin.delete(doc)  # the document alone: the copy keeps serving, the gap is reported
+    wait_for(lambda: enc in b.health()["errors"])
+    assert b.get(key) == first
+    admin.restore(doc, 0, saved)
+    wait_for(lambda: enc not in b.health()["errors"])
+    saved = admin.dump(pointer)
+    admin.delete(pointer)  # the pointer: gone as if deleted
+    wait_for(lambda: b.get(key) is None)
+    admin.restore(pointer, 0, saved)  # repaired: picked up by the next poll, by itself
+    wait_for(lambda: b.get(key) == first, timeout=2)
+    assert b.store_resets == 0
+    admin.close()
+
+
 # ------------------------------------------------------- versions never go backwards
 class _Interleaved:
     """Wraps a store's commit script so that `before()` runs between the put's version
