@@ -64,6 +64,7 @@ from calibration_store.base import (
     ProfileNotFound,
     StoreCorrupt,
     StoreUnavailable,
+    WriteHealth,
     check_distinct,
     check_keep_versions,
     one_line,
@@ -132,6 +133,7 @@ class RedisProfileStore:
         self._epoch: str | None = None
         self._seq_seen = 0
         self.store_resets = 0  # times Redis was found emptied or rewound
+        self.writes = WriteHealth()
         self._errors: dict[str, str] = {}  # encoded key -> why its document was skipped
         self._connected = False
         self._last_sync: float | None = None
@@ -158,9 +160,20 @@ class RedisProfileStore:
         try:
             return fn()
         except RedisError as exc:
-            self._connected = False
+            if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self._connected = False  # not for a refusal (OOM, READONLY): Redis is there
             self._last_error = f"{what}: {exc}"
             raise StoreUnavailable(f"redis {what} failed: {exc}") from exc
+
+    def _write(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A call that writes: its outcome is what readiness says about writes."""
+        try:
+            out = self._call(what, fn)
+        except StoreUnavailable as exc:
+            self.writes.record(exc)
+            raise
+        self.writes.record(None)
+        return out
 
     def _apply(self, key: ProfileKey, at: int, profile: Profile | None) -> None:
         """Install a key's state as of change sequence ``at`` unless a later one is there."""
@@ -305,7 +318,7 @@ class RedisProfileStore:
                     counter,
                 ]
                 args += [enc, s.version, s.to_json(), self._k("profile", f"{enc}:v")]
-            out = self._call("put", partial(self._commit, keys=script_keys, args=args))
+            out = self._write("put", partial(self._commit, keys=script_keys, args=args))
             if int(out[0]) == -1:  # another put took a version first: read the counters again
                 continue
             rev, stale = int(out[0]), []
@@ -326,7 +339,7 @@ class RedisProfileStore:
         enc = encode_key(key)
         keys = [f"{self.prefix}:seq", self._k("current", enc), self._k("versions", enc)]
         args = [enc, to_version or 0, self.channel, self.instance_id]
-        target, rev = self._call("rollback", lambda: self._rollback(keys=keys, args=args))
+        target, rev = self._write("rollback", lambda: self._rollback(keys=keys, args=args))
         if target == -1:
             raise ProfileNotFound(f"no profile {key}")
         if target == -2:
@@ -349,7 +362,7 @@ class RedisProfileStore:
             self._k("versions", enc),
         ]
         args = [enc, self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
-        existed, rev = self._call("delete", lambda: self._delete(keys=keys, args=args))
+        existed, rev = self._write("delete", lambda: self._delete(keys=keys, args=args))
         if existed:
             self._apply(key, int(rev), None)
         return bool(existed)
@@ -440,8 +453,16 @@ class RedisProfileStore:
             "last_error": self._last_error,
             "errors": dict(self._errors),
             "store_resets": self.store_resets,
+            "writes": self.writes.state(),
+            "last_write_error": self.writes.last_error,
             "key_prefix": self.prefix,
         }
+
+    def check_writes(self) -> bool | None:
+        """A short-lived key set (what maxmemory with noeviction, a read-only replica or
+        min-replicas-to-write refuse), unless a write's outcome was recorded lately."""
+        name = f"{self.prefix}:probe:{self.instance_id}"
+        return self.writes.probe(lambda: self._client.set(name, "1", px=30_000))
 
     def close(self) -> None:
         self.stop_listener()

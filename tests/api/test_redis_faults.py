@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from calibration_store.redis_store import RedisProfileStore
-from tests.api.helpers import retrieve_body
+from tests.api.helpers import metric_value, retrieve_body
 
 pytestmark = [
     pytest.mark.slow,
@@ -219,3 +219,64 @@ def test_redis_restarted_empty_never_reuses_a_version(
     assert versions == [1, 2, 3, 4]
     _wait_for(lambda: client.post("/v1/retrieve", json=body).json()["profile"] == {
         "name": "default", "version": 4}, 5)  # fmt: skip
+
+
+def _writes(client: Any) -> tuple[int, dict[str, Any]]:
+    ready = client.get("/readyz")
+    return ready.status_code, ready.json()
+
+
+def _metric(client: Any, name: str, **labels: str) -> float | None:
+    return metric_value(client.get("/metrics").text, name, **labels)
+
+
+@pytest.mark.parametrize("refusal", [
+    {"maxmemory-policy": "noeviction", "maxmemory": "1"},  # Redis at maxmemory: OOM
+    {"min-replicas-to-write": "1"},  # Redis refusing writes (NOREPLICAS), reads fine
+])  # fmt: skip
+def test_readiness_and_a_gauge_say_when_every_write_fails(
+    make_client, redis_server, items, calibrate_json, redis_prefix, refusal
+):
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)  # fmt: skip
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    status, body = _writes(client)
+    assert status == 200 and body["status"] == "ok" and body["store"]["writes"] == "ok"
+    admin = redis.Redis(port=redis_server.port)
+    for name, value in refusal.items():
+        admin.config_set(name, value)
+    time.sleep(1.2)  # polls keep succeeding: reads are fine
+    r = client.post("/v1/calibrate", json=calibrate_json)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+    status, body = _writes(client)
+    assert status == 200 and body["ready"] is True  # retrieval still works: stays ready
+    assert body["status"] == "degraded" and body["store"]["status"] == "degraded"
+    assert body["store"]["writes"] == "failing" and body["store"]["connected"] is True
+    assert "OOM" not in str(body) and "NOREPLICAS" not in str(body)  # no error strings
+    assert _metric(client, "lad_store_writes_failing") == 1
+    assert _metric(client, "lad_store_degraded") == 0
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 200
+    admin.config_set("maxmemory", "0")
+    admin.config_set("min-replicas-to-write", "0")
+    admin.close()
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 2
+    assert _writes(client)[1]["store"]["writes"] == "ok"
+    assert _metric(client, "lad_store_writes_failing") == 0
+
+
+def test_readiness_finds_failing_writes_without_a_write_by_its_probe(
+    make_client, redis_server, calibrate_json, redis_prefix
+):
+    """No admin write happens: the readiness probe's own write finds the refusal."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix)
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    _wait_for(lambda: _writes(client)[1]["store"]["writes"] == "failing", 12)
+    assert _metric(client, "lad_store_errors_total", operation="write_probe") >= 1
+    admin.config_set("maxmemory", "0")
+    _wait_for(lambda: _writes(client)[1]["store"]["writes"] == "ok", 12)
+    admin.close()

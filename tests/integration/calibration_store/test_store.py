@@ -447,6 +447,35 @@ def test_a_replica_recovers_a_profile_that_vanished_for_a_moment(
     admin.close()
 
 
+def test_file_store_says_when_writes_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file size limit of 0 refuses every byte written, as a full disk does: the failed put
+    and then the probe say so; reads keep serving."""
+    import resource
+    import signal
+
+    import calibration_store.base as base
+
+    monkeypatch.setattr(base, "WRITE_PROBE_EVERY_S", 0.0)
+    store = FileProfileStore(tmp_path)
+    stored = store.put(make_profile())
+    assert store.health()["writes"] == "ok" and store.check_writes() is True
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.put(make_profile(seed=1))
+        failed_put = store.health()["writes"]
+        probe = store.check_writes()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert failed_put == "failing" and probe is False
+    assert "File too large" in store.health()["last_write_error"]
+    assert store.get(stored.key) == stored and not list(tmp_path.glob(".probe.*"))
+    assert store.check_writes() is True and store.health()["writes"] == "ok"
+
+
 # ------------------------------------------------------- versions never go backwards
 class _Interleaved:
     """Wraps a store's commit script so that `before()` runs between the put's version
