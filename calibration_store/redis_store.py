@@ -20,20 +20,12 @@ delete and versions of a key only ever increase.
 Each replica serves `get` from an in-memory copy kept fresh three ways, because
 pub/sub drops messages while a subscriber is disconnected: a listener thread
 reloads a key when its message arrives; every (re)subscription triggers a full
-re-read; and a periodic poll re-reads everything. Each key's cached state is stamped
-with the change sequence it is known as of (a change's `rev`, or the `seq` a snapshot
-was read at), and replaced only by a state known as of a later-or-equal point, so a slow
-reload never undoes a newer change, yet a key that vanished for a moment (an eviction)
-and was repaired is picked up by the next read (its removal is stamped with the read's
-`seq`, never above a later read's). A document missing behind an existing pointer keeps
-the copy served (like an unreadable one) and is reported.
-
-Versions are never reused, even by a Redis that restarted empty or was restored from an
-older backup: each replica remembers the highest version it has seen of every key (the
-counters, which a snapshot returns) and allocates above it; when it finds a new epoch or a
-change sequence that went back, it serves what Redis holds now (every replica then
-agrees), and republishes its high-water marks (RAISE) so that a replica that never saw
-them allocates above them too.
+re-read; and a periodic poll re-reads everything. Each cached state is stamped with the
+change sequence it is known as of (a change's `rev`, or a snapshot's `seq`) and replaced
+only by one known as of a later-or-equal point: a slow reload never undoes a newer change,
+and a key that vanished for a moment is picked up again by the next read. Versions are
+never reused, even by a Redis that restarted empty or went back to an older backup (the
+epoch, replica high-water marks): docs/store-consistency.md.
 
 Degraded, not down: when Redis cannot be reached at start-up the store still opens (empty
 copy, reported not ok) and the listener keeps reconnecting in the background; while Redis
@@ -43,7 +35,6 @@ retries, `socket_timeout`) with StoreUnavailable.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -71,6 +62,7 @@ from calibration_store.base import (
     sorted_keys,
 )
 from calibration_store.profile import Profile, ProfileKey
+from calibration_store.redis_listener import ChangeListener
 from calibration_store.redis_scripts import COMMIT, DELETE, RAISE, ROLLBACK, SNAPSHOT
 
 log = logging.getLogger(__name__)
@@ -138,9 +130,10 @@ class RedisProfileStore:
         self._connected = False
         self._last_sync: float | None = None
         self._last_error: str | None = None
-        self.subscriptions = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._listener = ChangeListener(
+            self._client, self.channel, self.instance_id, sync=self.sync, reload=self._reload,
+            lost=self._lost, poll_interval=poll_interval, reconnect_delay=reconnect_delay,
+        )  # fmt: skip
         try:
             self.sync()
         except StoreUnavailable as exc:  # start degraded; the listener keeps reconnecting
@@ -370,78 +363,31 @@ class RedisProfileStore:
     # ------------------------------------------------------------ listener
     def start_listener(self) -> None:
         """Start the background thread (pub/sub reloads + periodic poll)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._listen, name=f"lad-store-{self.instance_id}", daemon=True
-        )
-        self._thread.start()
+        self._listener.channel, self._listener.poll_interval = self.channel, self.poll_interval
+        self._listener.start()
 
     def stop_listener(self, timeout: float = 5.0) -> None:
         """Stop the background thread; `get` keeps serving the (now frozen) copy."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._listener.stop(timeout)
 
-    def _listen(self) -> None:
-        pubsub = None
-        next_poll = time.monotonic() + self.poll_interval
-        while not self._stop.is_set():
-            try:
-                if pubsub is None:
-                    pubsub = self._client.pubsub()
-                    pubsub.subscribe(self.channel)
-                msg = pubsub.get_message(timeout=0.25)
-                if msg is not None:
-                    self._on_message(msg)
-                if time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + self.poll_interval
-                    self.sync()
-            except (RedisError, StoreUnavailable, OSError) as exc:
-                self._connected = False
-                self._last_error = f"listener: {exc}"
-                log.warning("profile store listener lost Redis (%s); reconnecting", exc)
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except (RedisError, OSError):
-                        log.debug("closing a broken pub/sub connection failed", exc_info=True)
-                    pubsub = None
-                self._stop.wait(self.reconnect_delay)
-            except Exception:  # never let the thread die silently
-                log.exception("profile store listener error")
-                self._stop.wait(self.reconnect_delay)
-        if pubsub is not None:
-            try:
-                pubsub.close()
-            except (RedisError, OSError):
-                log.debug("closing the pub/sub connection failed", exc_info=True)
+    @property
+    def subscriptions(self) -> int:
+        return self._listener.subscriptions
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "subscribe":  # first subscription or redis-py's auto-resubscribe
-            self.subscriptions += 1
-            self.sync()
-            return
-        if msg["type"] != "message":
-            return
-        try:
-            event = json.loads(msg["data"])
-            encoded = str(event["key"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed profile change message %r", msg["data"])
-            return
-        if event.get("origin") != self.instance_id:
-            self._load([encoded])
-            self._last_sync = time.monotonic()
+    def _reload(self, encoded: str) -> None:
+        self._load([encoded])
+        self._last_sync = time.monotonic()
+
+    def _lost(self, why: str) -> None:
+        self._connected = False
+        self._last_error = why
 
     # -------------------------------------------------------------- misc
     def health(self) -> dict[str, Any]:
         with self._lock:
             profiles = len(self._cache)
         age = None if self._last_sync is None else round(time.monotonic() - self._last_sync, 3)
-        listening = self._thread is not None and self._thread.is_alive()
+        listening = self._listener.alive
         return {
             "backend": self.backend,
             "ok": self._connected,
