@@ -315,7 +315,7 @@ class RedisProfileStore:
             if int(out[0]) == -1:  # another put took a version first: read the counters again
                 continue
             rev, stale = int(out[0]), []
-            if rev <= self._seq_seen:  # the change sequence went back: Redis lost data
+            if rev < self._seq_seen:  # the change sequence went back: Redis lost data
                 self._call("put", partial(self._load, None))
             for i, (key, s) in enumerate(zip(keys, stored, strict=True)):
                 self._seen(key, s.version)
