@@ -82,8 +82,13 @@ def held_out_share(ids: int) -> dict[str, Any]:
         for _ in range(20_000):
             Evidence.of(key, 1, scores, attention, held_out)
         timings[name] = (time.perf_counter() - start) / 20_000 * 1e6
-    return {"attacker_ids": len(picked), "held_out": held, "share": held / len(picked),
-            "old_rule_share": 1.0, "evidence_of_us": {k: round(v, 2) for k, v in timings.items()}}
+    return {
+        "attacker_ids": len(picked),
+        "held_out": held,
+        "share": held / len(picked),
+        "old_rule_share": 1.0,
+        "evidence_of_us": {k: round(v, 2) for k, v in timings.items()},
+    }
 
 
 def restart_empty(port: int, directory: Path, trials: int) -> dict[str, Any]:
@@ -105,8 +110,11 @@ def restart_empty(port: int, directory: Path, trials: int) -> dict[str, Any]:
         a.close()
         proc.kill()
         proc.wait()
-    return {"trials": trials, "follow_s": [round(x, 3) for x in follow],
-            "fresh_replica_version_after_v2": versions}
+    return {
+        "trials": trials,
+        "follow_s": [round(x, 3) for x in follow],
+        "fresh_replica_version_after_v2": versions,
+    }
 
 
 def vanished(port: int, directory: Path, trials: int) -> dict[str, Any]:
@@ -168,12 +176,14 @@ def writes(port: int, directory: Path) -> dict[str, Any]:
     store.close()
     proc.kill()
     proc.wait()
-    return {"probe_ms_redis_median": round(statistics.median(probe), 3),
-            "probe_ms_redis_max": round(max(probe), 3),
-            "probe_ms_file_median": round(statistics.median(file_probe), 3),
-            "probe_ms_file_max": round(max(file_probe), 3),
-            "maxmemory_seen_by_readiness_s": round(seen, 2),
-            "probe_every_s": base_every}
+    return {
+        "probe_ms_redis_median": round(statistics.median(probe), 3),
+        "probe_ms_redis_max": round(max(probe), 3),
+        "probe_ms_file_median": round(statistics.median(file_probe), 3),
+        "probe_ms_file_max": round(max(file_probe), 3),
+        "maxmemory_seen_by_readiness_s": round(seen, 2),
+        "probe_every_s": base_every,
+    }
 
 
 def main() -> None:

@@ -225,7 +225,7 @@ def test_feedback_steered_at_the_old_held_out_rule_does_not_go_live(make_client,
         r = client.post("/v1/feedback", json={"request_id": rid, "answer": t})
         assert r.status_code == 200 and r.json()["counted"], r.text
     body = client.post("/v1/profiles/default/refresh", params={"n": N}).json()
-    assert body["live"] is False, body["reason"]  # simulated: 0 of 1000 draws went live
+    assert body["live"] is False, body["reason"]  # simulated: 0 of 5000 draws went live
     assert body["accuracy_live"] > 0 and body["held_out"] != believed_held
     assert client.get("/v1/profiles/default").json()["entries"][0]["current_version"] == 1
 
