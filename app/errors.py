@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.engine.batcher import BatcherStopped, QueueFull
 from calibration_store.base import NoPreviousVersion as StoreNoPreviousVersion
 from calibration_store.base import ProfileNotFound as StoreProfileNotFound
+from calibration_store.base import StoreCorrupt as StoreDocumentCorrupt
 from calibration_store.base import StoreUnavailable as StoreDown
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,11 @@ class StoreUnavailable(ServiceError):
     meaning = "the calibration store cannot be reached (admin routes; retrieval serves its copy)"
 
 
+class StoreCorrupt(ServiceError):
+    code, status = "store_corrupt", 500
+    meaning = "a stored document cannot be read back (a server fault; the log names it)"
+
+
 class EngineFailure(ServiceError):
     code, status = "engine_error", 500
     meaning = "the model failed on this request (details in the server log)"
@@ -227,7 +233,7 @@ ERRORS: tuple[type[ServiceError], ...] = (
     InvalidLabels, InvalidCalibration, UnsupportedMediaType, Unauthorized, Forbidden, NotFound,
     MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch, NoPreviousVersion,
     RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady, StoreUnavailable,
-    EngineFailure, InternalError,
+    StoreCorrupt, EngineFailure, InternalError,
 )  # fmt: skip
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 
@@ -269,6 +275,10 @@ def translate(exc: BaseException) -> ServiceError | None:
         return ProfileNotFound(str(exc) or "no such profile or version")
     if isinstance(exc, StoreNoPreviousVersion):
         return NoPreviousVersion(str(exc) or "no older version is kept to roll back to")
+    if isinstance(exc, StoreDocumentCorrupt):
+        log.error("calibration store: %s", exc)  # which document: for the operator only
+        return StoreCorrupt("a stored calibration document cannot be read back; the server "
+                            "log names it (recalibrate, or delete the profile)")  # fmt: skip
     if isinstance(exc, StoreDown):
         return StoreUnavailable("the calibration store is unavailable; retry shortly")
     return None
@@ -371,7 +381,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for exc_type in (
         ServiceError, QueueFull, BatcherStopped, StoreProfileNotFound, StoreNoPreviousVersion,
-        StoreDown,
+        StoreDown, StoreDocumentCorrupt,
     ):
         app.add_exception_handler(exc_type, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -48,7 +48,7 @@ STAGES: tuple[str, ...] = (
     "decode", "base64", "queue", "process", "forward", "score", "debias", "encode",
 )  # fmt: skip
 STORE_OPERATIONS: tuple[str, ...] = (
-    "get", "put", "list", "versions", "delete", "rollback", "health",
+    "get", "put", "list", "versions", "delete", "rollback", "health", "write_probe",
 )  # fmt: skip
 CALIBRATION_OUTCOMES: tuple[str, ...] = ("success", "invalid", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -239,6 +239,10 @@ class Metrics:
             "lad_store_degraded", "1 while the store is unreachable and the replica serves "
             "its cached profiles, else 0", registry=r,
         )  # fmt: skip
+        self.store_writes_failing = Gauge(
+            "lad_store_writes_failing", "1 while the store refuses writes (its latest write or "
+            "write probe failed: full disk, read-only, Redis at maxmemory), else 0", registry=r,
+        )  # fmt: skip
         self.feedback = Counter("lad_feedback", "POST /v1/feedback answers by outcome "
                                 "(counted, duplicate)", ["outcome"], registry=r)  # fmt: skip
         self.refreshes = Counter("lad_profile_refreshes", "Profile refreshes by decision "
@@ -303,16 +307,21 @@ class Metrics:
         self.queue_depth.set_function(lambda: float(depth()))
         self.queue_capacity.set(capacity)
 
-    def watch_store(self, healthy: Callable[[], bool]) -> None:
-        """``lad_store_degraded`` from the store's own health flag (cheap, no I/O)."""
+    def watch_store(self, health: Callable[[], dict[str, Any]]) -> None:
+        """``lad_store_degraded`` and ``lad_store_writes_failing`` from the store's own health
+        (cheap, no I/O: the write state is the one its last write or probe recorded)."""
 
-        def degraded() -> float:
-            try:
-                return 0.0 if healthy() else 1.0
-            except Exception:
-                return 1.0
+        def flag(bad: Callable[[dict[str, Any]], bool]) -> Callable[[], float]:
+            def read() -> float:
+                try:
+                    return 1.0 if bad(health()) else 0.0
+                except Exception:
+                    return 1.0
 
-        self.store_degraded.set_function(degraded)
+            return read
+
+        self.store_degraded.set_function(flag(lambda h: not h.get("ok", False)))
+        self.store_writes_failing.set_function(flag(lambda h: h.get("writes") == "failing"))
 
     def watch_profiles(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
         self._profiles.source = source

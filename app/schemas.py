@@ -319,7 +319,8 @@ class FeedbackResponse(BaseModel):
     profile: str = Field(description="the profile the feedback feeds")
     labels: str = Field(description="its label scheme")
     n: int = Field(description="its N")
-    held_out: bool = Field(description="kept aside to judge refreshes (1 request id in 5)")
+    held_out: bool = Field(description="kept aside to judge refreshes (the server's random "
+                           "draw, 1 in 5, made when the retrieval was served)")  # fmt: skip
     refresh: dict[str, object] | None = Field(
         None, description="the automatic refresh this feedback triggered "
         "(LAD_FEEDBACK_REFRESH_EVERY), if any"
@@ -357,17 +358,20 @@ class Health(BaseModel):
 
 class Readiness(BaseModel):
     """200 whenever the model can answer retrieve; ``status`` is ``degraded`` while the store
-    is unreachable (retrieval serves the cached profiles, admin routes answer 503)."""
+    is unreachable or refuses writes (retrieval serves the cached profiles, admin routes
+    answer 503)."""
 
     ready: bool = Field(description="the model is loaded and its worker runs")
     status: Literal["ok", "degraded", "not_ready"] = Field(
-        "ok", description="ok; degraded while the store is unreachable; not_ready"
+        "ok", description="ok; degraded while the store is unreachable or refuses writes "
+        "(store.writes: failing); not_ready"
     )
     model: dict[str, object] = Field(
         description="loaded, worker_running, model_id, revision, dtype, device, "
         "attention_backend, layers"
     )
-    store: dict[str, object] = Field(description="the profile store's health (backend, ...)")
+    store: dict[str, object] = Field(description="the profile store's health (backend, status, "
+                                     "writes: ok, failing or unknown, ...)")  # fmt: skip
     queue: dict[str, int] = Field(description="depth, max_queue, max_batch_size")
 
 

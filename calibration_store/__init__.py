@@ -8,6 +8,7 @@ from calibration_store.base import (
     NoPreviousVersion,
     ProfileNotFound,
     ProfileStore,
+    StoreCorrupt,
     StoreError,
     StoreUnavailable,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ProfileKey",
     "ProfileNotFound",
     "ProfileStore",
+    "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
     "UnknownSchemaVersion",

@@ -16,16 +16,18 @@ in Redis (``redis_online``), so one parser (:func:`snapshot_from`) reads both:
     unlabelled hash pos:j  raw predicted position counts;  p:l:k, pc  attention sums of
                     every served request (the running prior: P needs no labels)
 
-A request goes to the held-out list instead of the sums when its id hashes into the
-held-out share (deterministic, so every replica agrees): refresh is judged on feedback
-it was not estimated from.
+A request goes to the held-out list instead of the sums when the server drew it into the
+held-out share: a random draw made when its evidence is cached and stored with it (every
+replica reads the same draw), so refresh is judged on feedback it was not estimated from,
+and no client can know or choose which of its feedback judges the refresh (the request id
+it sends plays no part).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -44,12 +46,14 @@ UNKNOWN: Final = "unknown"
 PROFILE_GONE: Final = "profile_deleted"
 
 HOLDOUT_BUCKETS: Final[int] = 5
-"""1 in HOLDOUT_BUCKETS request ids (by hash) is held out from the sums for the refresh guard."""
+"""1 in HOLDOUT_BUCKETS served requests (drawn) is held out from the sums for the guard."""
 
 
-def is_holdout(request_id: str) -> bool:
-    """Whether this request's feedback is held out (deterministic across replicas)."""
-    return hashlib.sha256(request_id.encode()).digest()[0] % HOLDOUT_BUCKETS == 0
+def draw_held_out() -> bool:
+    """The server's draw (OS randomness, 1 in HOLDOUT_BUCKETS) of whether a served request's
+    feedback is held out. Nothing the client sends enters it, and it is made before the
+    client could send feedback, so feedback cannot be aimed at the held-out share."""
+    return secrets.randbelow(HOLDOUT_BUCKETS) == 0
 
 
 def _short(x: float) -> float:
@@ -65,28 +69,37 @@ class Evidence:
     version: int | None
     scores: list[float]
     attention: list[list[float]]
+    held_out: bool = False
+    """Drawn when the evidence is made (``draw_held_out``): its feedback judges refreshes."""
 
     @classmethod
-    def of(cls, key: ProfileKey, version: int | None, scores: Any, attention: Any) -> Evidence:
+    def of(cls, key: ProfileKey, version: int | None, scores: Any, attention: Any,
+           held_out: bool | None = None) -> Evidence:  # fmt: skip
+        """The evidence of one retrieval; ``held_out`` None = the server's draw (a replay
+        that must reproduce a split passes its own)."""
         s = np.asarray(scores, dtype=np.float64)
         a = np.asarray(attention, dtype=np.float64)
         if s.shape != (key.n,) or a.ndim != 2 or a.shape[1] != key.n:
             raise ValueError(f"evidence shapes {s.shape}, {a.shape} do not fit N={key.n}")
+        held = draw_held_out() if held_out is None else bool(held_out)
         return cls(key, version, [_short(x) for x in s],
-                   [[_short(x) for x in row] for row in a])  # fmt: skip
+                   [[_short(x) for x in row] for row in a], held)  # fmt: skip
 
     @property
     def raw_position(self) -> int:
         return int(np.argmax(self.scores))
 
     def to_json(self) -> str:
-        return json.dumps({"key": self.key.model_dump(), "v": self.version,
-                           "s": self.scores, "a": self.attention}, allow_nan=False)  # fmt: skip
+        return json.dumps({"key": self.key.model_dump(), "v": self.version, "s": self.scores,
+                           "a": self.attention, "h": int(self.held_out)},
+                          allow_nan=False)  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Evidence:
         d = json.loads(text)
-        return cls(ProfileKey.model_validate(d["key"]), d["v"], d["s"], d["a"])
+        # evidence cached by a release before the draw ("h") gets its draw when read
+        held = bool(d["h"]) if "h" in d else draw_held_out()
+        return cls(ProfileKey.model_validate(d["key"]), d["v"], d["s"], d["a"], held)
 
 
 @dataclass
@@ -284,7 +297,7 @@ class MemoryOnlineStore:
             self._done[request_id] = (now, answer)
             kid = key_id(evidence.key)
             fb = self._fb.setdefault(kid, {})
-            held = is_holdout(request_id)
+            held = evidence.held_out
             if held:
                 record = json.dumps({"s": evidence.scores, "a": evidence.attention, "t": answer})
                 self._held[kid] = [record, *self._held.get(kid, [])][: self.holdout_max]

@@ -30,6 +30,7 @@ from calibration_store.base import (
     NoPreviousVersion,
     ProfileNotFound,
     StoreUnavailable,
+    WriteHealth,
     check_distinct,
     check_keep_versions,
     sorted_keys,
@@ -170,7 +171,11 @@ class MemoryProfileStore:
     def health(self) -> dict[str, Any]:
         with self._lock:
             live = sum(e.live for e in self._entries.values())
-            return {"backend": self.backend, "ok": True, "profiles": live}
+            return {"backend": self.backend, "ok": True, "profiles": live, "writes": "ok"}
+
+    def check_writes(self) -> bool | None:
+        """Memory always takes writes: nothing to probe."""
+        return None
 
     def close(self) -> None:
         """Nothing to release; present for the protocol."""
@@ -273,6 +278,7 @@ class FileProfileStore(MemoryProfileStore):
         super().__init__(keep_versions=keep_versions)
         self.root = Path(root).expanduser().resolve()
         self._errors: list[str] = []
+        self.writes = WriteHealth()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self._lock_file = open(self.root / ".lock", "a+b")  # noqa: SIM115 (held until close)
@@ -322,7 +328,9 @@ class FileProfileStore(MemoryProfileStore):
         try:
             atomic_write(path, _encode_entry(key, entry))
         except OSError as exc:
+            self.writes.record(exc)
             raise StoreUnavailable(f"cannot write {path}: {exc}") from exc
+        self.writes.record(None)
 
     def _write_many(self, changes: dict[ProfileKey, _Entry]) -> None:
         """All or none across several documents: the old bytes of every document go to an
@@ -339,6 +347,7 @@ class FileProfileStore(MemoryProfileStore):
             journal = self.root / f"batch-{uuid.uuid4().hex}{_UNDO_SUFFIX}"
             atomic_write(journal, json.dumps(old, separators=(",", ":")).encode())
         except OSError as exc:
+            self.writes.record(exc)
             raise StoreUnavailable(f"cannot write the undo journal in {self.root}: {exc}") from exc
         try:
             super()._write_many(changes)
@@ -366,11 +375,26 @@ class FileProfileStore(MemoryProfileStore):
             log.error("%s", msg)
             self._errors.append(msg)
 
+    def check_writes(self) -> bool | None:
+        """A one-byte file created and removed in the directory (what a full disk or a
+        read-only mount refuses), unless a write's outcome was recorded lately."""
+
+        def probe() -> None:
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".probe.", suffix=".tmp")
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+                os.unlink(tmp)
+
+        return self.writes.probe(probe)
+
     def health(self) -> dict[str, Any]:
         with self._lock:
             live = sum(e.live for e in self._entries.values())
             return {"backend": self.backend, "ok": True, "profiles": live,
-                    "path": str(self.root), "errors": list(self._errors)}
+                    "path": str(self.root), "errors": list(self._errors),
+                    "writes": self.writes.state(), "last_write_error": self.writes.last_error}
 
     def close(self) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from calibration_store.base import StoreUnavailable
+from calibration_store.base import StoreCorrupt, StoreUnavailable, one_line
 from calibration_store.evidence import (
     COUNTED,
     DUPLICATE,
@@ -32,7 +32,6 @@ from calibration_store.evidence import (
     FeedbackResult,
     FeedbackSnapshot,
     feedback_increments,
-    is_holdout,
     snapshot_from,
     unlabelled_increments,
 )
@@ -145,7 +144,7 @@ class RedisOnlineStore:
         if evidence is None:
             return FeedbackResult(UNKNOWN)
         key = evidence.key
-        held = is_holdout(request_id)
+        held = evidence.held_out  # drawn when the evidence was cached
         record = json.dumps({"s": evidence.scores, "a": evidence.attention, "t": answer})
         keys = [
             f"{self.prefix}:ev:{request_id}",
@@ -169,7 +168,12 @@ class RedisOnlineStore:
         pipe.lrange(self._k("fbheld", key), 0, -1)
         pipe.hgetall(self._k("ul", key))
         fb, held, ul = self._call("snapshot", pipe.execute)
-        return snapshot_from(fb, held, ul, key.n, layers)
+        try:
+            return snapshot_from(fb, held, ul, key.n, layers)
+        except (ValueError, KeyError, TypeError) as exc:  # a hand-edited or foreign hash
+            raise StoreCorrupt(
+                f"online statistics {self._k('fb', key)} cannot be read: {one_line(exc)}"
+            ) from exc
 
     def claim_refresh(self, key: ProfileKey, every: int) -> bool:
         if every < 1:

@@ -4,12 +4,15 @@ one atomic script. Key layout and semantics: ``calibration_store.redis_store``.
 COMMIT   KEYS seq, keys, then per profile: current, versions, profile:v{version}, counter;
          ARGV count, keep, channel, origin, then per profile: encoded key, version, JSON,
          profile key prefix. Every check comes before the first write, so a put of several
-         profiles commits all or none: only when version == counter + 1 for every profile
-         (else returns {-1, i, counter} for the first that moved); then one rev for all,
-         returned as {rev, v1, cur1, v2, cur2, ...}.
+         profiles commits all or none: only when version > counter for every profile (else
+         returns {-1, i, counter} for the first that moved; a replica may skip numbers to
+         stay above the versions it has seen); then one rev for all, returned as
+         {rev, v1, cur1, v2, cur2, ...}.
 ROLLBACK KEYS seq, current, versions; ARGV encoded key, target (0 = previous), channel, origin.
 DELETE   KEYS seq, keys, current, versions; ARGV encoded key, profile key prefix, channel,
          origin. The counter (the high-water mark) is kept.
+RAISE    KEYS counters; ARGV versions: each counter raised to at least its version (a replica
+         republishing the high-water marks it saw, after Redis lost them).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ COMMIT = """
 local count = tonumber(ARGV[1])
 for i = 0, count - 1 do
   local last = tonumber(redis.call('GET', KEYS[3 + 4 * i + 3]) or '0')
-  if last + 1 ~= tonumber(ARGV[5 + 4 * i + 1]) then return {-1, i, last} end
+  if tonumber(ARGV[5 + 4 * i + 1]) <= last then return {-1, i, last} end
 end
 local rev = redis.call('INCR', KEYS[1])
 local out = {rev}
@@ -83,21 +86,30 @@ redis.call('PUBLISH', ARGV[3], cjson.encode({op='delete', key=ARGV[1], rev=rev, 
 return {1, rev}
 """
 
-# Atomic read of the current profile of the given encoded keys (all keys when none given):
-# returns {seq, E1, rev1, json1, E2, ...}; keys without a current profile are left out.
+# Atomic read of the current profile of the given encoded keys (all keys when none given),
+# KEYS seq, keys, epoch: returns {seq, epoch ('' if none), E1, json1 ('' if the document is
+# missing), counter1, E2, ...}; keys without a current pointer are left out.
 SNAPSHOT = """
-local out = {redis.call('GET', KEYS[1]) or '0'}
+local out = {redis.call('GET', KEYS[1]) or '0', redis.call('GET', KEYS[3]) or ''}
 local p = ARGV[1]
 local keys = {}
 if #ARGV == 1 then keys = redis.call('SMEMBERS', KEYS[2]) else keys = {unpack(ARGV, 2)} end
 for _, e in ipairs(keys) do
-  local h = redis.call('HMGET', p .. ':current:' .. e, 'version', 'rev')
-  if h[1] then
-    local doc = redis.call('GET', p .. ':profile:' .. e .. ':v' .. h[1])
-    if doc then
-      table.insert(out, e); table.insert(out, h[2]); table.insert(out, doc)
-    end
+  local v = redis.call('HGET', p .. ':current:' .. e, 'version')
+  if v then
+    table.insert(out, e)
+    table.insert(out, redis.call('GET', p .. ':profile:' .. e .. ':v' .. v) or '')
+    table.insert(out, redis.call('GET', p .. ':counter:' .. e) or '0')
   end
 end
 return out
+"""
+
+RAISE = """
+for i, counter in ipairs(KEYS) do
+  if tonumber(redis.call('GET', counter) or '0') < tonumber(ARGV[i]) then
+    redis.call('SET', counter, ARGV[i])
+  end
+end
+return 1
 """

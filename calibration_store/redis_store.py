@@ -7,6 +7,8 @@ Layout under a prefix P, with E = the URL-quoted key segments "model:name:labels
     P:counter:E              the last version allocated: the high-water mark (kept on delete)
     P:keys                   set of every E
     P:seq                    global change sequence; each change gets a fresh `rev`
+    P:epoch                  a random name for this Redis's data, set by the first replica
+                             that finds none: a new one means Redis lost everything
 A change (put, rollback, delete) is one Lua script, so pointer swap, trimming to
 the last K versions and the pub/sub message on P:profiles:changed are atomic. A put
 allocates its version inside that script (optimistically: it reads the counter, builds the
@@ -18,8 +20,12 @@ delete and versions of a key only ever increase.
 Each replica serves `get` from an in-memory copy kept fresh three ways, because
 pub/sub drops messages while a subscriber is disconnected: a listener thread
 reloads a key when its message arrives; every (re)subscription triggers a full
-re-read; and a periodic poll re-reads everything. A cached entry is replaced only
-by one with a newer-or-equal `rev`, so a slow reload never undoes a newer change.
+re-read; and a periodic poll re-reads everything. Each cached state is stamped with the
+change sequence it is known as of (a change's `rev`, or a snapshot's `seq`) and replaced
+only by one known as of a later-or-equal point: a slow reload never undoes a newer change,
+and a key that vanished for a moment is picked up again by the next read. Versions are
+never reused, even by a Redis that restarted empty or went back to an older backup (the
+epoch, replica high-water marks): docs/store-consistency.md.
 
 Degraded, not down: when Redis cannot be reached at start-up the store still opens (empty
 copy, reported not ok) and the listener keeps reconnecting in the background; while Redis
@@ -29,7 +35,6 @@ retries, `socket_timeout`) with StoreUnavailable.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -48,13 +53,17 @@ from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
     NoPreviousVersion,
     ProfileNotFound,
+    StoreCorrupt,
     StoreUnavailable,
+    WriteHealth,
     check_distinct,
     check_keep_versions,
+    one_line,
     sorted_keys,
 )
 from calibration_store.profile import Profile, ProfileKey
-from calibration_store.redis_scripts import COMMIT, DELETE, ROLLBACK, SNAPSHOT
+from calibration_store.redis_listener import ChangeListener
+from calibration_store.redis_scripts import COMMIT, DELETE, RAISE, ROLLBACK, SNAPSHOT
 
 log = logging.getLogger(__name__)
 
@@ -107,21 +116,32 @@ class RedisProfileStore:
         self._rollback = self._client.register_script(ROLLBACK)
         self._delete = self._client.register_script(DELETE)
         self._snapshot = self._client.register_script(SNAPSHOT)
+        self._raise = self._client.register_script(RAISE)
         self._cache: dict[ProfileKey, Profile] = {}
-        self._revs: dict[ProfileKey, int] = {}
+        self._revs: dict[ProfileKey, int] = {}  # the change sequence each state is known as of
+        self._high: dict[ProfileKey, int] = {}  # highest version seen (kept on delete and loss)
         self._lock = threading.RLock()
+        self._load_lock = threading.Lock()  # snapshots apply in the order they were read
+        self._epoch: str | None = None
+        self._seq_seen = 0
+        self.store_resets = 0  # times Redis was found emptied or rewound
+        self.writes = WriteHealth()
         self._errors: dict[str, str] = {}  # encoded key -> why its document was skipped
         self._connected = False
         self._last_sync: float | None = None
         self._last_error: str | None = None
-        self.subscriptions = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._listener = ChangeListener(
+            self._client, self.channel, self.instance_id, sync=self.sync, reload=self._reload,
+            lost=self._lost, poll_interval=poll_interval, reconnect_delay=reconnect_delay,
+        )  # fmt: skip
         try:
             self.sync()
         except StoreUnavailable as exc:  # start degraded; the listener keeps reconnecting
-            log.warning("profile store: Redis is unreachable at start-up (%s); serving an "
-                        "empty copy and reconnecting in the background", exc)
+            log.warning(
+                "profile store: Redis is unreachable at start-up (%s); serving an "
+                "empty copy and reconnecting in the background",
+                exc,
+            )
         if listen:
             self.start_listener()
 
@@ -133,20 +153,36 @@ class RedisProfileStore:
         try:
             return fn()
         except RedisError as exc:
-            self._connected = False
+            if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self._connected = False  # not for a refusal (OOM, READONLY): Redis is there
             self._last_error = f"{what}: {exc}"
             raise StoreUnavailable(f"redis {what} failed: {exc}") from exc
 
-    def _apply(self, key: ProfileKey, rev: int, profile: Profile | None) -> None:
-        """Install a change in the cache unless a newer one (higher rev) is already there."""
+    def _write(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A call that writes: its outcome is what readiness says about writes."""
+        try:
+            out = self._call(what, fn)
+        except StoreUnavailable as exc:
+            self.writes.record(exc)
+            raise
+        self.writes.record(None)
+        return out
+
+    def _apply(self, key: ProfileKey, at: int, profile: Profile | None) -> None:
+        """Install a key's state as of change sequence ``at`` unless a later one is there."""
         with self._lock:
-            if rev < self._revs.get(key, -1):
+            if at < self._revs.get(key, -1):
                 return
-            self._revs[key] = rev
+            self._revs[key] = at
             if profile is None:
                 self._cache.pop(key, None)
             else:
                 self._cache[key] = profile
+                self._seen(key, profile.version)
+
+    def _seen(self, key: ProfileKey, version: int) -> None:
+        with self._lock:
+            self._high[key] = max(self._high.get(key, 0), version)
 
     def _parse(self, encoded: str, doc: str) -> Profile | None:
         try:
@@ -159,22 +195,64 @@ class RedisProfileStore:
         return profile
 
     def _load(self, encoded: list[str] | None) -> None:
-        """Re-read the given keys (None = all) atomically and reconcile the cache."""
+        """Re-read the given keys (None = all) atomically and reconcile the cache: every state
+        read is known as of the snapshot's `seq`."""
         args = [self.prefix, *(encoded or [])]
-        out = self._snapshot(keys=[f"{self.prefix}:seq", f"{self.prefix}:keys"], args=args)
-        seq = int(out[0])
-        seen: set[ProfileKey] = set()
-        for i in range(1, len(out), 3):
-            key = decode_key(out[i])
-            profile = self._parse(out[i], out[i + 2])
-            seen.add(key)  # an unreadable document keeps the copy we already serve
-            if profile is not None:
-                self._apply(key, int(out[i + 1]), profile)
+        names = [f"{self.prefix}:seq", f"{self.prefix}:keys", f"{self.prefix}:epoch"]
+        with self._load_lock:
+            out = self._snapshot(keys=names, args=args)
+            seq = int(out[0])
+            self._check_epoch(out[1] or self._claim_epoch(), seq)
+            seen: set[ProfileKey] = set()
+            for i in range(2, len(out), 3):
+                key = decode_key(out[i])
+                seen.add(key)  # an unreadable or missing document keeps the copy we serve
+                self._seen(key, int(out[i + 2]))
+                if not out[i + 1]:
+                    self._errors[out[i]] = "document missing behind its current pointer"
+                    log.warning("profile %s: document missing (evicted?)", out[i])
+                    continue
+                profile = self._parse(out[i], out[i + 1])
+                if profile is not None:
+                    self._apply(key, seq, profile)
+            with self._lock:
+                scope = list(self._cache) if encoded is None else [decode_key(e) for e in encoded]
+            for key in scope:
+                if key not in seen:  # gone at `seq`: removes it unless a newer change landed
+                    self._apply(key, seq, None)
+
+    def _claim_epoch(self) -> str | None:
+        """A Redis without an epoch (new, emptied, or older than epochs) gets one; the first
+        replica's wins. None when Redis refuses the write (judged by `seq` alone then)."""
+        name = f"{self.prefix}:epoch"
+        try:
+            self._client.set(name, uuid.uuid4().hex, nx=True)
+            return self._client.get(name)
+        except RedisError as exc:
+            log.warning("profile store: cannot name the Redis epoch (%s)", exc)
+            return None
+
+    def _check_epoch(self, epoch: str | None, seq: int) -> None:
+        """After Redis lost its data (a new epoch) or went back in time (its change sequence
+        fell: an older backup, a failover to a lagging replica), the copy follows it and the
+        high-water marks this replica saw go back into Redis."""
+        lost = seq < self._seq_seen or (None not in (epoch, self._epoch) and epoch != self._epoch)
+        self._epoch = epoch or self._epoch
+        self._seq_seen = seq
+        if not lost:
+            return
+        self.store_resets += 1
+        log.warning("profile store: Redis lost its data or was rewound (change sequence %d); "
+                    "serving what it holds now, versions continue above the highest seen", seq)
         with self._lock:
-            scope = list(self._cache) if encoded is None else [decode_key(e) for e in encoded]
-        for key in scope:
-            if key not in seen:  # gone at `seq`: removes it unless a newer change landed
-                self._apply(key, seq, None)
+            self._revs.clear()
+            highs = dict(self._high)
+        if highs:
+            counters = [self._k("counter", encode_key(k)) for k in highs]
+            try:
+                self._raise(keys=counters, args=list(highs.values()))
+            except RedisError as exc:  # this replica still allocates above them itself
+                log.warning("profile store: cannot republish version high-water marks: %s", exc)
 
     def sync(self) -> None:
         """Full re-read of every profile (on start, on every (re)subscription, every poll)."""
@@ -200,7 +278,12 @@ class RedisProfileStore:
     def get_version(self, key: ProfileKey, version: int) -> Profile | None:
         name = self._k("profile", f"{encode_key(key)}:v{version}")
         doc = self._call("get_version", lambda: self._client.get(name))
-        return None if doc is None else Profile.from_json(doc)
+        if doc is None:
+            return None
+        try:
+            return Profile.from_json(doc)
+        except ValueError as exc:  # bad JSON, invalid fields, or an unknown schema_version
+            raise StoreCorrupt(f"document {name} cannot be read: {one_line(exc)}") from exc
 
     # ---------------------------------------------------------- mutations
     def put(self, profile: Profile) -> Profile:
@@ -214,9 +297,10 @@ class RedisProfileStore:
         counters = [self._k("counter", enc) for enc in encs]
         for _ in range(_PUT_ATTEMPTS):
             lasts = self._call("put", partial(self._client.mget, counters))
-            stored = [
-                p.stored_as(int(last or 0) + 1) for p, last in zip(profiles, lasts, strict=True)
-            ]
+            with self._lock:  # above what Redis counts and what this replica ever saw
+                nexts = [max(int(last or 0), self._high.get(k, 0)) + 1
+                         for k, last in zip(keys, lasts, strict=True)]  # fmt: skip
+            stored = [p.stored_as(v) for p, v in zip(profiles, nexts, strict=True)]
             script_keys = [f"{self.prefix}:seq", f"{self.prefix}:keys"]
             args: list[Any] = [len(stored), self.keep_versions, self.channel, self.instance_id]
             for enc, counter, s in zip(encs, counters, stored, strict=True):
@@ -227,11 +311,14 @@ class RedisProfileStore:
                     counter,
                 ]
                 args += [enc, s.version, s.to_json(), self._k("profile", f"{enc}:v")]
-            out = self._call("put", partial(self._commit, keys=script_keys, args=args))
+            out = self._write("put", partial(self._commit, keys=script_keys, args=args))
             if int(out[0]) == -1:  # another put took a version first: read the counters again
                 continue
             rev, stale = int(out[0]), []
+            if rev < self._seq_seen:  # the change sequence went back: Redis lost data
+                self._call("put", partial(self._load, None))
             for i, (key, s) in enumerate(zip(keys, stored, strict=True)):
+                self._seen(key, s.version)
                 if int(out[2 + 2 * i]) == s.version:
                     self._apply(key, rev, s)
                 else:  # a concurrent, newer put won the pointer; serve whatever is current
@@ -245,7 +332,7 @@ class RedisProfileStore:
         enc = encode_key(key)
         keys = [f"{self.prefix}:seq", self._k("current", enc), self._k("versions", enc)]
         args = [enc, to_version or 0, self.channel, self.instance_id]
-        target, rev = self._call("rollback", lambda: self._rollback(keys=keys, args=args))
+        target, rev = self._write("rollback", lambda: self._rollback(keys=keys, args=args))
         if target == -1:
             raise ProfileNotFound(f"no profile {key}")
         if target == -2:
@@ -261,10 +348,14 @@ class RedisProfileStore:
 
     def delete(self, key: ProfileKey) -> bool:
         enc = encode_key(key)
-        keys = [f"{self.prefix}:seq", f"{self.prefix}:keys", self._k("current", enc),
-                self._k("versions", enc)]
+        keys = [
+            f"{self.prefix}:seq",
+            f"{self.prefix}:keys",
+            self._k("current", enc),
+            self._k("versions", enc),
+        ]
         args = [enc, self._k("profile", f"{enc}:v"), self.channel, self.instance_id]
-        existed, rev = self._call("delete", lambda: self._delete(keys=keys, args=args))
+        existed, rev = self._write("delete", lambda: self._delete(keys=keys, args=args))
         if existed:
             self._apply(key, int(rev), None)
         return bool(existed)
@@ -272,78 +363,31 @@ class RedisProfileStore:
     # ------------------------------------------------------------ listener
     def start_listener(self) -> None:
         """Start the background thread (pub/sub reloads + periodic poll)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._listen, name=f"lad-store-{self.instance_id}", daemon=True
-        )
-        self._thread.start()
+        self._listener.channel, self._listener.poll_interval = self.channel, self.poll_interval
+        self._listener.start()
 
     def stop_listener(self, timeout: float = 5.0) -> None:
         """Stop the background thread; `get` keeps serving the (now frozen) copy."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._listener.stop(timeout)
 
-    def _listen(self) -> None:
-        pubsub = None
-        next_poll = time.monotonic() + self.poll_interval
-        while not self._stop.is_set():
-            try:
-                if pubsub is None:
-                    pubsub = self._client.pubsub()
-                    pubsub.subscribe(self.channel)
-                msg = pubsub.get_message(timeout=0.25)
-                if msg is not None:
-                    self._on_message(msg)
-                if time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + self.poll_interval
-                    self.sync()
-            except (RedisError, StoreUnavailable, OSError) as exc:
-                self._connected = False
-                self._last_error = f"listener: {exc}"
-                log.warning("profile store listener lost Redis (%s); reconnecting", exc)
-                if pubsub is not None:
-                    try:
-                        pubsub.close()
-                    except (RedisError, OSError):
-                        log.debug("closing a broken pub/sub connection failed", exc_info=True)
-                    pubsub = None
-                self._stop.wait(self.reconnect_delay)
-            except Exception:  # never let the thread die silently
-                log.exception("profile store listener error")
-                self._stop.wait(self.reconnect_delay)
-        if pubsub is not None:
-            try:
-                pubsub.close()
-            except (RedisError, OSError):
-                log.debug("closing the pub/sub connection failed", exc_info=True)
+    @property
+    def subscriptions(self) -> int:
+        return self._listener.subscriptions
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "subscribe":  # first subscription or redis-py's auto-resubscribe
-            self.subscriptions += 1
-            self.sync()
-            return
-        if msg["type"] != "message":
-            return
-        try:
-            event = json.loads(msg["data"])
-            encoded = str(event["key"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed profile change message %r", msg["data"])
-            return
-        if event.get("origin") != self.instance_id:
-            self._load([encoded])
-            self._last_sync = time.monotonic()
+    def _reload(self, encoded: str) -> None:
+        self._load([encoded])
+        self._last_sync = time.monotonic()
+
+    def _lost(self, why: str) -> None:
+        self._connected = False
+        self._last_error = why
 
     # -------------------------------------------------------------- misc
     def health(self) -> dict[str, Any]:
         with self._lock:
             profiles = len(self._cache)
         age = None if self._last_sync is None else round(time.monotonic() - self._last_sync, 3)
-        listening = self._thread is not None and self._thread.is_alive()
+        listening = self._listener.alive
         return {
             "backend": self.backend,
             "ok": self._connected,
@@ -354,8 +398,17 @@ class RedisProfileStore:
             "subscriptions": self.subscriptions,
             "last_error": self._last_error,
             "errors": dict(self._errors),
+            "store_resets": self.store_resets,
+            "writes": self.writes.state(),
+            "last_write_error": self.writes.last_error,
             "key_prefix": self.prefix,
         }
+
+    def check_writes(self) -> bool | None:
+        """A short-lived key set (what maxmemory with noeviction, a read-only replica or
+        min-replicas-to-write refuse), unless a write's outcome was recorded lately."""
+        name = f"{self.prefix}:probe:{self.instance_id}"
+        return self.writes.probe(lambda: self._client.set(name, "1", px=30_000))
 
     def close(self) -> None:
         self.stop_listener()

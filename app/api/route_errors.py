@@ -42,10 +42,11 @@ ROUTE_ERRORS: dict[Route, tuple[type[errors.ServiceError], ...]] = {
         *MODEL, *BODY, *IMAGES, *ADMIN, errors.InvalidCalibration, errors.EngineFailure,
     ),
     ("GET", "/v1/profiles"): (*MODEL, errors.StoreUnavailable),
-    ("GET", "/v1/profiles/{name}"): (*MODEL, errors.ProfileNotFound, errors.StoreUnavailable),
+    ("GET", "/v1/profiles/{name}"): (*MODEL, errors.ProfileNotFound, errors.StoreUnavailable,
+                                     errors.StoreCorrupt),
     ("DELETE", "/v1/profiles/{name}"): (*MODEL, *PROFILE_KEY, *ADMIN),
     ("POST", "/v1/profiles/{name}/rollback"): (
-        *MODEL, *PROFILE_KEY, *ADMIN, errors.NoPreviousVersion,
+        *MODEL, *PROFILE_KEY, *ADMIN, errors.NoPreviousVersion, errors.StoreCorrupt,
     ),
     ("POST", "/v1/feedback"): (
         *ANY, errors.InvalidRequest, errors.NotReady, *BODY, *AUTH, errors.RequestNotFound,

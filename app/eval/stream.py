@@ -17,6 +17,7 @@ with a paired bootstrap CI.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from app.eval.evidence import Options, forward
 from app.eval.protocol import apply_ordering
 from app.eval.stats import LEVEL, percentile_ci
 from calibration_store import Evidence, ProfileKey
-from calibration_store.evidence import MemoryOnlineStore
+from calibration_store.evidence import HOLDOUT_BUCKETS, MemoryOnlineStore
 
 STATIC = ("vanilla", "drifted", "right")
 
@@ -71,6 +72,12 @@ def traffic(items: list[EvalItem], n: int, seed: int) -> tuple[list[tuple[str, l
     return requests, np.asarray(gt)
 
 
+def replay_held_out(request_id: str) -> bool:
+    """The replay's held-out split: a hash of its own request ids, 1 in HOLDOUT_BUCKETS, so a
+    replay reproduces (the service draws at random instead: no client may choose it)."""
+    return hashlib.sha256(request_id.encode()).digest()[0] % HOLDOUT_BUCKETS == 0
+
+
 def _agd(cal: Calibration, s: np.ndarray, a: np.ndarray, config: MethodConfig) -> np.ndarray:
     return np.argmax(apply_method("agd", s, a, cal, config).probabilities, axis=-1)
 
@@ -92,7 +99,8 @@ def replay(
     for r in range(len(gt)):
         predictions[r] = _agd(live, scores[r], attention[r], config)
         rid = f"req-{r}"
-        store.put_evidence(rid, Evidence.of(key, 1, scores[r], attention[r]))  # as served
+        held = replay_held_out(rid)
+        store.put_evidence(rid, Evidence.of(key, 1, scores[r], attention[r], held))  # as served
         if rng.random() >= setup.feedback_rate:
             continue
         store.feedback(rid, int(gt[r]), True)

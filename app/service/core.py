@@ -40,7 +40,8 @@ from app.settings import Settings
 from calibration_store import OnlineStore, Profile, ProfileStore
 from calibration_store.evidence import MemoryOnlineStore
 
-_PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s")
+_PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s",
+                        "writes")  # fmt: skip
 """What /readyz shows of the store's health (never paths or error strings: those are logged)."""
 
 
@@ -77,7 +78,7 @@ class Service:
             self.method_config,
         )  # fmt: skip
         metrics.set_model_info(self.model_info())
-        metrics.watch_store(lambda: bool(store.health().get("ok", False)))
+        metrics.watch_store(store.health)
 
     @property
     def model_id(self) -> str:
@@ -98,15 +99,21 @@ class Service:
     async def readiness(self) -> Readiness:
         """Ready = can answer retrieve: the model is loaded and its worker runs. The store
         is reported beside it (``degraded`` when unreachable: retrieval serves the profiles
-        already cached, admin routes answer 503), without paths or error strings."""
+        already cached, admin routes answer 503), without paths or error strings. A store
+        that refuses writes (``writes: failing``, from its last write or a probe) is degraded
+        too, and readiness stays 200: retrieval does not write profiles, and taking every
+        replica out of the load balancer for it would turn a store fault into an outage."""
         try:
+            if await run_in_threadpool(self.store.check_writes) is False:
+                self.metrics.store_errors.labels(operation="write_probe").inc()
             health = await run_in_threadpool(self.store.health)
         except Exception:  # a store that cannot even report is degraded, not fatal
             self.metrics.store_errors.labels(operation="health").inc()
             health = {"ok": False}
         batcher = self.worker.batcher
         store = {k: health[k] for k in _PUBLIC_STORE_HEALTH if k in health}
-        store["status"] = "ok" if health.get("ok", False) else "degraded"
+        healthy = health.get("ok", False) and health.get("writes") != "failing"
+        store["status"] = "ok" if healthy else "degraded"
         if health.get("errors"):
             store["unreadable_profiles"] = len(health["errors"])
         return Readiness(

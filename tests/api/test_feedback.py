@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -10,7 +11,6 @@ import pytest
 
 from app.engine.calibrate import CalibrationStats
 from calibration_store import Evidence, Profile, open_store
-from calibration_store.evidence import is_holdout
 from tests.api.helpers import metric_value, retrieve_body
 
 ADMIN, RETRIEVE = "admin-secret-token-123", "retrieve-secret-token-456"
@@ -124,8 +124,8 @@ def _feed(client, runner: Any, rows: dict[bool, Any], count: int) -> None:
     key = service.profiles.key("default", "digits", N)
     flat = np.full((len(runner.layers), N), 1.0)
     for i in range(count):
-        rid, t = f"guard-{i}", i % N
-        evidence = Evidence.of(key, 1, rows[is_holdout(rid)](t), flat)
+        rid, t, held = f"guard-{i}", i % N, i % 5 == 0  # the test fixes the server's draw
+        evidence = Evidence.of(key, 1, rows[held](t), flat, held_out=held)
         assert service.online.online.put_evidence(rid, evidence)
         r = client.post("/v1/feedback", json={"request_id": rid, "answer": t})
         assert r.status_code == 200 and r.json()["counted"], r.text
@@ -180,6 +180,54 @@ def test_a_refresh_that_keeps_accuracy_goes_live(make_client, runner):
     prov = body["provenance"]
     assert prov["rows_from_feedback"] == [0, 1, 2] and prov["offline_examples"] == 5
     assert client.get("/v1/profiles/default").json()["entries"][0]["current_version"] == 2
+
+
+def _old_rule(request_id: str) -> bool:
+    """The held-out rule before the server's draw: a hash of the client's own X-Request-ID."""
+    return hashlib.sha256(request_id.encode()).digest()[0] % 5 == 0
+
+
+def test_a_client_cannot_choose_which_feedback_is_held_out(make_client, calibrate_json, items):
+    """Real retrievals under X-Request-IDs the old rule held out (all of them, then): now the
+    server's draw holds out about 1 in 5, whatever the ids."""
+    client = _calibrated(make_client, calibrate_json)
+    ids = [rid for rid in (f"pick-{i}" for i in range(1000)) if _old_rule(rid)][:40]
+    held = 0
+    for i, rid in enumerate(ids):
+        r = client.post("/v1/retrieve", json=retrieve_body(items[i % len(items)]),
+                        headers={"X-Request-ID": rid})  # fmt: skip
+        assert r.status_code == 200 and r.json()["request_id"] == rid
+        fb = client.post("/v1/feedback", json={"request_id": rid, "answer": 0}).json()
+        assert fb["counted"], fb
+        held += fb["held_out"]
+    assert held <= 18, held  # binomial(40, 1/5): mean 8, P(>= 19) < 1e-4; the old rule: 40
+
+
+def test_feedback_steered_at_the_old_held_out_rule_does_not_go_live(make_client, runner):
+    """The issue's attack: feedback on ids the attacker believes held out is confidently wrong
+    for the live version (live scores 0 there), the rest poisons the sums (half of it pulls
+    position 0, half is honest). On the old rule an ordinary refresh went live with a version
+    that loses honest accuracy; with the server's draw the guard sees a fair sample of it."""
+    store = open_store("memory://")
+    store.put(_flat_profile(runner))
+    client = make_client(store=store, feedback_min_row_count=5, refresh_min_holdout=5)
+    service = client.app.state.service
+    key = service.profiles.key("default", "digits", N)
+    flat = np.full((len(runner.layers), N), 1.0)
+    believed_held = 0
+    for i in range(300):
+        rid, t = f"steer-{i}", i % N
+        if _old_rule(rid):
+            scores, believed_held = _onehot((t + 1) % N, 100.0), believed_held + 1
+        else:
+            scores = _poisoned(t) if i % 2 else _onehot(t)
+        assert service.online.online.put_evidence(rid, Evidence.of(key, 1, scores, flat))
+        r = client.post("/v1/feedback", json={"request_id": rid, "answer": t})
+        assert r.status_code == 200 and r.json()["counted"], r.text
+    body = client.post("/v1/profiles/default/refresh", params={"n": N}).json()
+    assert body["live"] is False, body["reason"]  # simulated: 0 of 5000 draws went live
+    assert body["accuracy_live"] > 0 and body["held_out"] != believed_held
+    assert client.get("/v1/profiles/default").json()["entries"][0]["current_version"] == 1
 
 
 def test_too_little_held_out_feedback_keeps_a_candidate(make_client, runner):

@@ -52,8 +52,9 @@ def test_restart_keeps_profiles(make_client, redis_prefix, items, calibrate_json
     assert r.status_code == 200 and r.json()["profile"]["version"] == 1
 
 
-def test_two_replicas_share_calibrations_within_2_s(make_client, redis_prefix, items,
-                                                    calibrate_json):
+def test_two_replicas_share_calibrations_within_2_s(
+    make_client, redis_prefix, items, calibrate_json
+):
     a = _replica(make_client, redis_prefix)
     b = _replica(make_client, redis_prefix)
     body = retrieve_body(items[1])
@@ -97,3 +98,44 @@ def test_every_n_calibration_reaches_another_replica(make_client, redis_prefix):
     assert meta["window"] == 4 and meta["profile"] == {"3": 1}  # windows [[3, 3, 3], [3]]
     entries = b.get("/v1/profiles/default").json()["entries"]
     assert sorted(e["n"] for e in entries) == [2, 3, 4]
+
+
+def _metric(client, line_start: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric line {line_start}")
+
+
+def test_a_corrupt_document_is_store_corrupt_logged_and_counted(
+    make_client, redis_prefix, items, calibrate_json, caplog
+):
+    import redis
+
+    client = _replica(make_client, redis_prefix)
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
+    admin = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    (doc,) = admin.keys(f"{redis_prefix}:profile:*")
+    good = admin.get(doc)
+    online = doc.replace(":profile:", ":fb:").removesuffix(":v1")
+    corruptions = [
+        lambda: admin.set(doc, good[:200]),  # a cut document
+        lambda: admin.set(doc, '{"schema_version": 1, "name": 7}'),  # valid JSON, invalid
+        lambda: admin.hset(online, "last_refresh", "{not json"),  # its online statistics
+    ]
+    for corrupt in corruptions:
+        admin.set(doc, good)
+        admin.hdel(online, "last_refresh")
+        assert client.get("/v1/profiles/default").status_code == 200
+        corrupt()
+        caplog.clear()
+        r = client.get("/v1/profiles/default")
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["code"] == "store_corrupt"
+        assert redis_prefix not in r.text  # the key is for the operator's log, not the client
+        assert any(redis_prefix in rec.getMessage() and rec.levelname == "ERROR"
+                   for rec in caplog.records)  # fmt: skip
+    assert _metric(client, 'lad_errors_total{code="store_corrupt"}') == len(corruptions)
+    # retrieval keeps serving the copy it had
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 200
+    admin.close()

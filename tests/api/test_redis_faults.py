@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from calibration_store.redis_store import RedisProfileStore
-from tests.api.helpers import retrieve_body
+from tests.api.helpers import metric_value, retrieve_body
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,6 +64,12 @@ class RedisServer:
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
+
+    def wipe(self) -> None:
+        """Lose every key, as a restart without persistence does (call while stopped)."""
+        assert self.proc is None
+        for path in self.dir.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -184,3 +190,93 @@ def test_starts_with_redis_down_and_recovers_without_a_restart(
     assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
     assert client.post("/v1/retrieve", json=retrieve_body(items[0])).json()["profile"] == {
         "name": "default", "version": 1}
+
+
+def test_redis_restarted_empty_never_reuses_a_version(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
+    """Redis comes back without its data: the replica follows it (no cached v2 served beside
+    an empty store) and no version number is handed out twice, by it or by a fresh replica."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)  # fmt: skip
+    versions = [client.post("/v1/calibrate", json=calibrate_json).json()["version"]
+                for _ in range(2)]  # fmt: skip
+    assert versions == [1, 2]
+    store = client.app.state.service.store
+    (key,) = store.list_keys()
+    served = store.get(key)
+    redis_server.kill()
+    redis_server.wipe()
+    redis_server.start()
+    body = retrieve_body(items[0])
+    _wait_for(lambda: client.post("/v1/retrieve", json=body).status_code == 409, 15)
+    assert store.health()["store_resets"] == 1
+    fresh = RedisProfileStore(redis_server.url, key_prefix=redis_prefix, listen=False)
+    versions.append(fresh.put(served).version)  # a replica that never saw v1 and v2
+    fresh.close()
+    versions.append(client.post("/v1/calibrate", json=calibrate_json).json()["version"])
+    assert versions == [1, 2, 3, 4]
+    _wait_for(lambda: client.post("/v1/retrieve", json=body).json()["profile"] == {
+        "name": "default", "version": 4}, 5)  # fmt: skip
+
+
+def _writes(client: Any) -> tuple[int, dict[str, Any]]:
+    ready = client.get("/readyz")
+    return ready.status_code, ready.json()
+
+
+def _metric(client: Any, name: str, **labels: str) -> float | None:
+    return metric_value(client.get("/metrics").text, name, **labels)
+
+
+@pytest.mark.parametrize("refusal", [
+    {"maxmemory-policy": "noeviction", "maxmemory": "1"},  # Redis at maxmemory: OOM
+    {"min-replicas-to-write": "1"},  # Redis refusing writes (NOREPLICAS), reads fine
+])  # fmt: skip
+def test_readiness_and_a_gauge_say_when_every_write_fails(
+    make_client, redis_server, items, calibrate_json, redis_prefix, refusal
+):
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
+                         store_poll_s=0.5)  # fmt: skip
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    status, body = _writes(client)
+    assert status == 200 and body["status"] == "ok" and body["store"]["writes"] == "ok"
+    admin = redis.Redis(port=redis_server.port)
+    for name, value in refusal.items():
+        admin.config_set(name, value)
+    time.sleep(1.2)  # polls keep succeeding: reads are fine
+    r = client.post("/v1/calibrate", json=calibrate_json)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+    status, body = _writes(client)
+    assert status == 200 and body["ready"] is True  # retrieval still works: stays ready
+    assert body["status"] == "degraded" and body["store"]["status"] == "degraded"
+    assert body["store"]["writes"] == "failing" and body["store"]["connected"] is True
+    assert "OOM" not in str(body) and "NOREPLICAS" not in str(body)  # no error strings
+    assert _metric(client, "lad_store_writes_failing") == 1
+    assert _metric(client, "lad_store_degraded") == 0
+    assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 200
+    admin.config_set("maxmemory", "0")
+    admin.config_set("min-replicas-to-write", "0")
+    admin.close()
+    assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 2
+    assert _writes(client)[1]["store"]["writes"] == "ok"
+    assert _metric(client, "lad_store_writes_failing") == 0
+
+
+def test_readiness_finds_failing_writes_without_a_write_by_its_probe(
+    make_client, redis_server, calibrate_json, redis_prefix
+):
+    """No admin write happens: the readiness probe's own write finds the refusal."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix)
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    _wait_for(lambda: _writes(client)[1]["store"]["writes"] == "failing", 12)
+    assert _metric(client, "lad_store_errors_total", operation="write_probe") >= 1
+    admin.config_set("maxmemory", "0")
+    _wait_for(lambda: _writes(client)[1]["store"]["writes"] == "ok", 12)
+    admin.close()

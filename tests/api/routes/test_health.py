@@ -215,5 +215,5 @@ def test_readiness_shows_no_paths_or_error_strings(make_client, tmp_path):
     root = tmp_path / "secret-profile-dir"
     client = make_client(store=open_store(str(root)), store_url=str(root))
     body = client.get("/readyz").json()
-    assert body["store"] == {"backend": "file", "profiles": 0, "status": "ok"}
+    assert body["store"] == {"backend": "file", "profiles": 0, "status": "ok", "writes": "ok"}
     assert str(tmp_path) not in client.get("/readyz").text

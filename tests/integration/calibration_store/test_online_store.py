@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from calibration_store import Evidence, OnlineStore, ProfileKey, open_online_store
-from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, UNKNOWN, is_holdout
+from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, UNKNOWN
 from tests.conftest import REDIS_URL
 
 KEY = ProfileKey(model_id="m", name="default", label_scheme="digits", n=3)
@@ -19,7 +19,9 @@ KEY = ProfileKey(model_id="m", name="default", label_scheme="digits", n=3)
 
 def _evidence(seed: int) -> Evidence:
     rng = np.random.default_rng(seed)
-    return Evidence.of(KEY, 1, rng.normal(size=3), rng.random(size=(2, 3)))
+    return Evidence.of(
+        KEY, 1, rng.normal(size=3), rng.random(size=(2, 3)), held_out=seed % 5 == 0
+    )  # a fixed split: the expected sums are exact
 
 
 @pytest.fixture(params=["memory", "file", pytest.param("redis", marks=pytest.mark.redis)])
@@ -62,10 +64,11 @@ def test_feedback_is_counted_once_with_its_floats(online: OnlineStore) -> None:
     assert online.feedback("nope", 0, True).outcome == UNKNOWN
     results = [online.feedback(rid, i % 3, True) for i, rid in enumerate(ids)]
     assert [r.outcome for r in results] == [COUNTED] * 4
+    assert [r.held_out for r in results] == [_evidence(i).held_out for i in range(4)]
     again = online.feedback(ids[0], 2, True)
     assert again.outcome == DUPLICATE and again.answer == 0
     snap = online.snapshot(KEY, 2)
-    train = [(i, rid) for i, rid in enumerate(ids) if not is_holdout(rid)]
+    train = [(i, rid) for i, rid in enumerate(ids) if not _evidence(i).held_out]
     expected = np.zeros((3, 3))
     for i, _ in train:
         expected[i % 3] += _evidence(i).scores
@@ -152,3 +155,23 @@ def test_redis_evidence_expires_and_one_replica_claims_an_automatic_refresh(
     assert sum(claims) == 1
     for store in (short, *replicas):
         store.close()
+
+
+def test_the_held_out_draw_is_the_servers_and_travels_with_the_evidence(
+    online: OnlineStore,
+) -> None:
+    """Which feedback judges a refresh is drawn when the evidence is cached (1 in 5), stored
+    with it, and is what the feedback obeys: the request id plays no part."""
+    rng = np.random.default_rng(1)
+    drawn = []
+    for i in range(5):  # the store keeps 5: each is put, read back and fed back
+        ev = Evidence.of(KEY, 1, rng.normal(size=3), rng.random(size=(2, 3)))
+        assert online.put_evidence(f"same-{i}", ev)
+        assert online.get_evidence(f"same-{i}").held_out == ev.held_out
+        assert online.feedback(f"same-{i}", 0, True).held_out == ev.held_out
+        drawn.append(ev.held_out)
+    assert online.snapshot(KEY, 2).holdout_count == sum(drawn)
+    # one id, many draws: the share is the server's 1 in 5, whatever the id
+    share = np.mean([Evidence.of(KEY, 1, np.zeros(3), np.ones((2, 3))).held_out
+                     for _ in range(4000)])  # fmt: skip
+    assert 0.17 < share < 0.23  # binomial(4000, 0.2): sd 0.0063, so this is > 4.7 sd

@@ -25,6 +25,7 @@ from calibration_store import (
     ProfileKey,
     ProfileNotFound,
     ProfileStore,
+    StoreCorrupt,
     StoreUnavailable,
     UnknownSchemaVersion,
     open_store,
@@ -410,8 +411,69 @@ def test_redis_trims_documents_and_guards_schema(
     assert [d.rsplit(":", 1)[1] for d in docs] == ["v3", "v4"]
     admin.set(docs[0], admin.get(docs[0]).replace('"schema_version":1', '"schema_version":2'))
     admin.close()
-    with pytest.raises(UnknownSchemaVersion):
+    with pytest.raises(StoreCorrupt) as info:  # the service answers 500 store_corrupt
         store.get_version(make_profile().key, 3)
+    assert isinstance(info.value.__cause__, UnknownSchemaVersion)
+
+
+@pytest.mark.redis
+def test_a_replica_recovers_a_profile_that_vanished_for_a_moment(
+    open_redis: Callable[..., RedisProfileStore], redis_prefix: str,
+) -> None:
+    """An eviction (shared Redis, allkeys-lru) or a restore takes a key away and brings it
+    back unchanged, after other keys moved the change sequence past the key's own rev."""
+    from calibration_store.redis_store import encode_key
+
+    a, b = open_redis(), open_redis(poll_interval=0.2)
+    key = make_profile().key
+    first = a.put(make_profile())
+    a.put(make_profile("other"))
+    wait_for(lambda: b.get(key) == first)
+    admin = redis.Redis.from_url(REDIS_URL)
+    enc = encode_key(key)
+    doc, pointer = f"{redis_prefix}:profile:{enc}:v1", f"{redis_prefix}:current:{enc}"
+    saved = admin.dump(doc)
+    admin.delete(doc)  # the document alone: the copy keeps serving, the gap is reported
+    wait_for(lambda: enc in b.health()["errors"])
+    assert b.get(key) == first
+    admin.restore(doc, 0, saved)
+    wait_for(lambda: enc not in b.health()["errors"])
+    saved = admin.dump(pointer)
+    admin.delete(pointer)  # the pointer: gone as if deleted
+    wait_for(lambda: b.get(key) is None)
+    admin.restore(pointer, 0, saved)  # repaired: picked up by the next poll, by itself
+    wait_for(lambda: b.get(key) == first, timeout=2)
+    assert b.store_resets == 0
+    admin.close()
+
+
+def test_file_store_says_when_writes_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file size limit of 0 refuses every byte written, as a full disk does: the failed put
+    and then the probe say so; reads keep serving."""
+    import resource
+    import signal
+
+    import calibration_store.base as base
+
+    monkeypatch.setattr(base, "WRITE_PROBE_EVERY_S", 0.0)
+    store = FileProfileStore(tmp_path)
+    stored = store.put(make_profile())
+    assert store.health()["writes"] == "ok" and store.check_writes() is True
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.put(make_profile(seed=1))
+        failed_put = store.health()["writes"]
+        probe = store.check_writes()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert failed_put == "failing" and probe is False
+    assert "File too large" in store.health()["last_write_error"]
+    assert store.get(stored.key) == stored and not list(tmp_path.glob(".probe.*"))
+    assert store.check_writes() is True and store.health()["writes"] == "ok"
 
 
 # ------------------------------------------------------- versions never go backwards
