@@ -39,6 +39,7 @@ from PIL import Image
 
 from app import errors
 from app.engine.labels import resolve_labels
+from app.image_headers import check_header
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,7 @@ class Decoder:
 
     def _probe(self, raw: bytes, where: str) -> _Probe:
         """Open the header only: format, size and aspect ratio checked, draft scale set."""
+        check_header(raw, where)  # what reading the header may cost, before Pillow reads it
         try:
             image = Image.open(io.BytesIO(raw), formats=self.formats)
         except Image.DecompressionBombError:
