@@ -1,12 +1,12 @@
 """What an image's header and metadata may cost, checked before Pillow reads them.
 
-Pillow walks a JPEG's markers and a PNG's chunks one at a time in Python, keeping every
-metadata segment: 2 M empty APP15 segments (8 MB) cost 5.7 s and 260 MiB in ``Image.open``
-alone, before any pixel limit applies. Here the same structure is walked first, at one step
-per segment or chunk (``bytes.find``, ``struct``), and an image is refused at the first
-bound crossed, so this check costs at most its limits. The bounds sit far above what real
-images carry (a camera JPEG has about ten segments before its scan, a large ICC profile
-255 APP2 chunks; libpng writes one IDAT chunk per 8 KiB of pixels).
+Pillow walks a JPEG's markers, a PNG's chunks and a GIF's extension blocks one at a time in
+Python, keeping every metadata segment: 2 M empty APP15 segments (8 MB) cost 5.7 s and
+260 MiB in ``Image.open`` alone, before any pixel limit applies. Here the same structure is
+walked first, at one step per segment or chunk (``bytes.find``, ``struct``), and an image
+is refused at the first bound crossed, so this check costs at most its limits. The bounds
+sit far above what real images carry (a camera JPEG has about ten segments before its
+scan, a large ICC profile 255 APP2 chunks; libpng writes one IDAT chunk per 8 KiB).
 """
 
 from __future__ import annotations
@@ -27,11 +27,16 @@ MAX_PNG_CHUNKS = 16_384
 MAX_PNG_TEXT_CHUNKS = 512
 """tEXt, zTXt and iTXt chunks of a PNG (each is decoded into ``info``)."""
 MAX_EXIF_BYTES = 65_535
-"""EXIF block of a PNG (eXIf): what a JPEG's APP1 segment can hold. Reading the
+"""EXIF block of a PNG (eXIf) or a WebP: what a JPEG's APP1 segment can hold. Reading the
 orientation parses the whole first directory, and a 0.4 MB one made Pillow warn 30,000
 times."""
 
 # Markers Pillow reads without a length (JPG, RST0-7, SOI, EOI, JPG0-13): it goes on past them.
+MAX_GIF_BLOCKS = 65_536
+"""Extension sub-blocks of a GIF before its first frame (Pillow reads each: 3 M one-byte
+comment sub-blocks took it 4 s; an XMP packet of 1 MB is about 16,000)."""
+MAX_WEBP_CHUNKS = 16_384
+"""RIFF chunks of a WebP (an animation's frames included)."""
 MAX_PNG_TEXT_BYTES = 4 * 1024 * 1024
 """Decompressed text of one PNG, all chunks together (Pillow's MAX_TEXT_MEMORY, 64 MiB by
 default: twelve images of a request are opened at once)."""
@@ -92,9 +97,45 @@ def check_png(raw: bytes, where: str) -> None:
         pos += 12 + length
 
 
+def check_gif(raw: bytes, where: str) -> None:
+    """Walk a GIF's extension blocks up to its first image descriptor."""
+    if len(raw) < 13:
+        return
+    flags = raw[10]
+    pos = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
+    steps, end = 0, len(raw)
+    while pos < end and raw[pos] == 0x21:  # an extension: label, then sub-blocks to a 0
+        pos += 2
+        while True:
+            steps += 1
+            if steps > MAX_GIF_BLOCKS:
+                raise _refuse(where, f"over {MAX_GIF_BLOCKS} extension blocks")
+            if pos >= end or not raw[pos]:
+                break
+            pos += 1 + raw[pos]
+        pos += 1
+
+
+def check_webp(raw: bytes, where: str) -> None:
+    """Walk a WebP's RIFF chunks: their count, and its EXIF block's size."""
+    chunks, pos, end = 0, 12, len(raw)
+    while pos + 8 <= end:
+        kind, length = struct.unpack_from("<4sI", raw, pos)
+        chunks += 1
+        if chunks > MAX_WEBP_CHUNKS:
+            raise _refuse(where, f"over {MAX_WEBP_CHUNKS} chunks")
+        if kind == b"EXIF" and length > MAX_EXIF_BYTES:
+            raise _refuse(where, f"an EXIF block of {length} bytes (at most {MAX_EXIF_BYTES})")
+        pos += 8 + length + (length & 1)
+
+
 def check_header(raw: bytes, where: str) -> None:
-    """Bound the header and metadata work of a JPEG or PNG (other formats: nothing)."""
+    """Bound the header and metadata work of a JPEG, PNG, GIF or WebP (others: nothing)."""
     if raw[:3] == b"\xff\xd8\xff":
         check_jpeg(raw, where)
     elif raw[:8] == b"\x89PNG\r\n\x1a\n":
         check_png(raw, where)
+    elif raw[:4] == b"GIF8":
+        check_gif(raw, where)
+    elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        check_webp(raw, where)

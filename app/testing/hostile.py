@@ -46,7 +46,7 @@ def png_with_chunks(kind: bytes, data: bytes, count: int) -> bytes:
 def exif_with_broken_tags(tags: int) -> bytes:
     """An EXIF block (big-endian TIFF) whose ``tags`` entries all point past its end:
     reading it makes Pillow warn once per tag, each with its own message."""
-    entries = b"".join(struct.pack(">HHLL", 0x1000 + i, 7, 1 << 30, 8)
+    entries = b"".join(struct.pack(">HHLL", (0x1000 + i) & 0xFFFF, 7, 1 << 30, 8)
                        for i in range(tags))  # fmt: skip
     return b"MM\x00\x2a" + struct.pack(">LH", 8, tags) + entries + b"\x00\x00\x00\x00"
 
@@ -72,3 +72,17 @@ def multipart_form(boundary: bytes, images: list[bytes], *, close: bool = True,
         parts.append(b"--%s--\r\n" % boundary)
     body = b"".join(parts)
     return body[: len(body) - cut]
+
+
+def gif_with_comment_blocks(blocks: int) -> bytes:
+    """A 32x32 GIF with a comment extension of ``blocks`` one-byte sub-blocks."""
+    raw = small_image("GIF")
+    frame = raw.index(b"\x2c")  # the image descriptor (a 1-colour GIF holds no 0x2C before)
+    return raw[:frame] + b"\x21\xfe" + b"\x01x" * blocks + b"\x00" + raw[frame:]
+
+
+def webp_with_exif(exif: bytes) -> bytes:
+    """A 32x32 WebP carrying ``exif``."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), "red").save(buffer, format="WEBP", exif=b"Exif\x00\x00" + exif)
+    return buffer.getvalue()

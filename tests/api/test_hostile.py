@@ -183,6 +183,10 @@ CASES: dict[str, Case] = {
         b"zTXt", b"k\x00\x00" + zlib.compress(b"v" * 1_000_000), 5)))),
     "png-exif-70k": Case(422, "unsupported_image", _images(
         GOOD, _b(hostile.png_with_exif(hostile.exif_with_broken_tags(6000))))),
+    "gif-100k-comment-blocks": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.gif_with_comment_blocks(100_000)))),
+    "webp-exif-70k": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.webp_with_exif(hostile.exif_with_broken_tags(6000))))),
     "one-pixel": Case(200, None, _images(GOOD, _enc(Image.new("RGB", (1, 1))))),
     # ---- base64 and data URLs
     "invalid-base64": Case(400, "invalid_image", _images(GOOD, "@@@ not base64 @@@")),

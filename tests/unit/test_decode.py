@@ -274,6 +274,8 @@ def _real_world_headers() -> dict[str, bytes]:
         "jpeg-progressive": _encode(photo, "JPEG", progressive=True, quality=90),
         "png-text-icc": _encode(photo, "PNG", pnginfo=info, icc_profile=b"\0" * 100_000),
         "png-exif": _encode(photo, "PNG", exif=exif),
+        "gif-comment": _encode(photo.convert("P"), "GIF", comment=b"made here " * 300),
+        "webp-exif-icc": _encode(photo, "WEBP", exif=exif, icc_profile=b"\0" * 100_000),
     }
 
 
@@ -286,6 +288,8 @@ def test_real_headers_are_within_the_header_bounds(name: str) -> None:
 
 def test_header_bounds_refuse_past_the_limit_not_before() -> None:
     check_header(hostile.jpeg_with_app_segments(1000), "x")
+    check_header(hostile.gif_with_comment_blocks(image_headers.MAX_GIF_BLOCKS - 2), "x")
+    check_header(hostile.webp_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES - 6)), "x")
     check_header(hostile.png_with_chunks(b"tEXt", b"k\0v", image_headers.MAX_PNG_TEXT_CHUNKS), "x")
     check_header(hostile.png_with_chunks(b"prVt", b"", image_headers.MAX_PNG_CHUNKS - 10), "x")
     refused = {
@@ -293,6 +297,8 @@ def test_header_bounds_refuse_past_the_limit_not_before() -> None:
         "text": hostile.png_with_chunks(b"tEXt", b"k\0v", image_headers.MAX_PNG_TEXT_CHUNKS + 1),
         "chunks": hostile.png_with_chunks(b"prVt", b"", image_headers.MAX_PNG_CHUNKS + 1),
         "exif": hostile.png_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES + 1)),
+        "gif": hostile.gif_with_comment_blocks(image_headers.MAX_GIF_BLOCKS),
+        "webp-exif": hostile.webp_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES + 1)),
     }
     for name, raw in refused.items():
         with pytest.raises(errors.UnsupportedImage, match="no real image needs that many"):
