@@ -1,6 +1,7 @@
-"""Reading request bodies after the route's token was checked: JSON into a schema, and a
-bounded multipart/form-data reader (parts kept in memory, every limit enforced as bytes
-arrive, nothing spooled to disk).
+"""Reading request bodies after the route's token was checked: JSON into a schema (its
+shape bounded before it is parsed, the parsing on a worker thread), and a bounded
+multipart/form-data reader (parts kept in memory, every limit enforced as bytes arrive,
+nothing spooled to disk, a body without its closing boundary refused).
 
 Starlette's form parser spools file parts to temporary files and checks no file size, so a
 huge upload reached /tmp before any limit applied. Here each file part may hold at most
