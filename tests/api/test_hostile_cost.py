@@ -16,6 +16,9 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
+from app import errors
 from app.api import bodies
 from app.logs import configure_logging
 from app.testing import hostile
@@ -86,3 +89,22 @@ def test_pillow_warning_floods_become_a_few_json_log_lines(make_client, items, c
     record = json.loads(lines[0])
     assert record["logger"] == "lad.warnings" and record["level"] == "warning"
     assert record["category"] == "UserWarning" and "TiffImagePlugin" in record["source"]
+
+
+def test_the_json_shape_check_bounds_strings_depth_and_skeleton_exactly() -> None:
+    def strings(n: int) -> bytes:
+        return b"[" + b",".join([b'"a\\"b\\\\"'] * n) + b"]"  # escaped quotes and backslashes
+
+    bodies.check_json_shape(strings(bodies.MAX_JSON_STRINGS))
+    nested = bodies.MAX_JSON_DEPTH
+    bodies.check_json_shape(b"[" * nested + b'"[[[[{{{{"' + b"]" * nested)  # brackets in a string
+    bodies.check_json_shape(b" " * bodies.MAX_JSON_SKELETON_BYTES + b'"x"')
+    bodies.check_json_shape(b'{"unterminated": "' + b"x" * 10**6)  # left to the parser
+    for body, what in [
+        (strings(bodies.MAX_JSON_STRINGS + 1), "strings"),
+        (b"[" * (nested + 1) + b"]" * (nested + 1), "nests deeper"),
+        (b" " * (bodies.MAX_JSON_SKELETON_BYTES + 1), "outside its strings"),
+        (b"[" + b"1," * 200_000 + b"1]", "outside its strings"),
+    ]:
+        with pytest.raises(errors.InvalidRequest, match=what):
+            bodies.check_json_shape(body)
