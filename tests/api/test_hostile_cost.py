@@ -20,7 +20,7 @@ import pytest
 
 from app import errors
 from app.api import bodies
-from app.logs import configure_logging
+from app.logs import WarningLimiter, configure_logging
 from app.testing import hostile
 from tests.api.helpers import retrieve_body
 
@@ -108,3 +108,15 @@ def test_the_json_shape_check_bounds_strings_depth_and_skeleton_exactly() -> Non
     ]:
         with pytest.raises(errors.InvalidRequest, match=what):
             bodies.check_json_shape(body)
+
+
+def test_the_warning_limiter_writes_one_line_per_place_then_the_count_left_out(caplog) -> None:
+    limiter = WarningLimiter(interval_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="lad.warnings"):
+        for i in range(100):
+            limiter(UserWarning(f"tag {i}"), UserWarning, "PIL/TiffImagePlugin.py", 946)
+        limiter(UserWarning("elsewhere"), UserWarning, "PIL/Image.py", 10)
+        time.sleep(0.25)
+        limiter(UserWarning("tag 100"), UserWarning, "PIL/TiffImagePlugin.py", 946)
+    lines = [(r.getMessage(), r.lad.get("left_out")) for r in caplog.records]
+    assert lines == [("tag 0", None), ("elsewhere", None), ("tag 100", 99)]
