@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                       "measure the HTTP service's throughput and latency, batching on/off"),
     "bench memory": ("app.bench.memory",
                      "measure resident memory of large-image requests (one and four at once)"),
+    "bench hardening": ("app.bench.hardening",
+                        "measure the worst hostile request of each class: time, memory, log"),
     "bench attention": ("app.bench.attention_check",
                         "check captured attention == eager attention on a device and dtype"),
     "bench results": ("app.bench.tables",

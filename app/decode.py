@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import ctypes
+import ctypes.util
 import io
 import logging
 import math
@@ -39,6 +41,7 @@ from PIL import Image
 
 from app import errors
 from app.engine.labels import resolve_labels
+from app.image_headers import check_header
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,10 @@ log = logging.getLogger(__name__)
 THREADED_PIXELS = 1_000_000
 """Decoded pixels of a request (after draft scaling) from which its images go to the decode
 threads: below it, decoding costs less than handing the images over."""
+
+TRIM_AFTER_BYTES = 16 * 1024 * 1024
+"""A JSON body, or a request's encoded images, from this size on is followed by
+``release_memory`` (after the parse, after the decode)."""
 
 ImageInput = str | bytes
 
@@ -79,6 +86,24 @@ def sniff_format(raw: bytes) -> str | None:
     if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")):
         return "SVG"
     return None
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_memory() -> bool:
+    """Give the free pages of every malloc arena back to the OS (glibc ``malloc_trim``;
+    False elsewhere). Large buffers are mapped apart and go back when freed
+    (``app.api.server.return_large_buffers_to_the_os``); this is for the many small blocks
+    a large decode leaves free in the arenas, which glibc otherwise keeps."""
+    return bool(_TRIM(0)) if _TRIM is not None else False
 
 
 def target_size(width: int, height: int, budget: int | None) -> tuple[int, int]:
@@ -238,6 +263,8 @@ class Decoder:
         finally:  # on an error: release everything opened so far
             for probe in probes:
                 probe.image.close()
+            if sum(map(len, raws)) >= TRIM_AFTER_BYTES:
+                release_memory()
 
     def _decode_threads(self) -> ThreadPoolExecutor:
         if self._threads is None:
@@ -256,6 +283,7 @@ class Decoder:
 
     def _probe(self, raw: bytes, where: str) -> _Probe:
         """Open the header only: format, size and aspect ratio checked, draft scale set."""
+        check_header(raw, where)  # what reading the header may cost, before Pillow reads it
         try:
             image = Image.open(io.BytesIO(raw), formats=self.formats)
         except Image.DecompressionBombError:

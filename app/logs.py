@@ -16,17 +16,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 LogFormat = Literal["json", "text"]
 
 request_log = logging.getLogger("lad.request")
 audit_log = logging.getLogger("lad.audit")
+warnings_log = logging.getLogger("lad.warnings")
 
 # route template and HTTP verb -> the audited admin action
 AUDITED: dict[tuple[str, str], str] = {
@@ -158,7 +162,8 @@ class TextFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
-    """Route every logger (ours, uvicorn's, the libraries') through one stderr handler.
+    """Route every logger (ours, uvicorn's, the libraries') and every library warning
+    (rate-limited: ``route_warnings``) through one stderr handler.
 
     Uvicorn's access log is not used: ``lad.request`` writes the request lines (none for
     /metrics and /healthz). Library progress bars are turned off elsewhere (app.models).
@@ -176,3 +181,55 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
         logger.handlers.clear()
         logger.propagate = True
     logging.getLogger("uvicorn.access").disabled = True
+    route_warnings()
+
+
+# ------------------------------------------------------------------------ library warnings
+WARNING_INTERVAL_S = 60.0
+"""Each place that warns writes at most one line per interval; the next says how many
+were left out."""
+
+
+class WarningLimiter:
+    """``warnings.showwarning`` for the service: library warnings become lines of the
+    ``lad.warnings`` logger (so JSON when the logs are JSON), at most one per interval per
+    place in the code that warns, whatever the message says: one PNG made Pillow warn
+    30,000 times, each message naming another EXIF tag."""
+
+    def __init__(self, interval_s: float = WARNING_INTERVAL_S, max_places: int = 1024) -> None:
+        self.interval_s = interval_s
+        self.max_places = max_places
+        self._last: dict[tuple[str, str, int], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        place = (category.__name__, filename, lineno)
+        now = time.monotonic()
+        with self._lock:
+            last, left_out = self._last.get(place, (-self.interval_s, 0))
+            if now - last < self.interval_s:
+                self._last[place] = (last, left_out + 1)
+                return
+            if len(self._last) >= self.max_places:
+                self._last.clear()
+            self._last[place] = (now, 0)
+        fields = {"category": category.__name__, "source": f"{filename}:{lineno}"}
+        if left_out:
+            fields["left_out"] = left_out
+        warnings_log.warning("%s", str(message).replace("\n", " ")[:500], extra={"lad": fields})
+
+
+def route_warnings(interval_s: float = WARNING_INTERVAL_S) -> None:
+    """Send every library warning through ``WarningLimiter``. Pillow's warnings are shown
+    every time ("always") so that Python's per-message registry (one entry per distinct
+    text, kept forever) does not grow; the limiter does the deduplication instead."""
+    warnings.filterwarnings("always", module=r"PIL(\.|$)")
+    warnings.showwarning = WarningLimiter(interval_s)

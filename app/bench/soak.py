@@ -6,7 +6,10 @@ keeps --concurrency clients sending retrieval requests (agd 70 %, vanilla 20 %, 
 every --calibrate-every-s seconds. Reports per minute: requests, throughput, errors
 (anything but 200), p50 / p99 latency and the resident memory at the minute's end; and
 the resident memory at the start (after warm-up) and at the end. Targets (issue 10):
-0 errors, RSS growth < 5 %. Bounded in time; loopback only. Writes JSON under bench/results/.
+0 errors, RSS growth < 5 %. With --hostile-share F, that share of the clients' requests
+are the hostile classes of ``lad bench hardening`` at a tenth of their size (counted as
+errors only when not answered as they should be; issue 19: memory stays flat).
+Bounded in time; loopback only. Writes JSON under bench/results/.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from app.bench import hardening
 from app.bench.live import Served
 from app.bench.results import write_record
 from app.bench.service import build_payloads
@@ -35,6 +39,7 @@ class Minute:
     requests: int = 0
     errors: int = 0
     calibrations: int = 0
+    hostile: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
 
@@ -43,7 +48,8 @@ class Minute:
         return {
             "minute": index + 1, "requests": self.requests,
             "requests_per_s": round(self.requests / seconds, 2), "errors": self.errors,
-            "calibrations": self.calibrations, "p50_ms": round(float(np.percentile(lat, 50)), 1),
+            "calibrations": self.calibrations, "hostile": self.hostile,
+            "p50_ms": round(float(np.percentile(lat, 50)), 1),
             "p99_ms": round(float(np.percentile(lat, 99)), 1), "rss_mib": round(rss_mib, 1),
             "statuses": dict(self.statuses),
         }  # fmt: skip
@@ -53,8 +59,10 @@ class Soak:
     """The traffic: client threads append into the current minute under one lock."""
 
     def __init__(self, served: Served, payloads: list[dict], examples: list[dict],
-                 seed: int) -> None:
+                 seed: int, hostile_share: float = 0.0) -> None:
         self.served, self.payloads, self.examples = served, payloads, examples
+        self.hostile_share = hostile_share
+        self.hostile = hardening.cases(200_000, 300_000) if hostile_share > 0 else {}
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.minute = Minute()
@@ -80,9 +88,24 @@ class Soak:
                 return method
         return METHOD_MIX[0][0]
 
+    def _hostile_request(self) -> None:
+        case = self.rng.choice(sorted(self.hostile))
+        try:
+            status = self.hostile[case][0](self.served.url)
+        except httpx.HTTPError:
+            status = 0
+        with self.lock:
+            m = self.minute
+            m.statuses[f"hostile {status}"] = m.statuses.get(f"hostile {status}", 0) + 1
+            m.hostile += 1
+            m.errors += 0 if hardening.expected(case, status) else 1
+
     def client(self) -> None:
         with httpx.Client(base_url=self.served.url, timeout=120.0) as http:
             while not self.stop.is_set():
+                if self.hostile and self.rng.random() < self.hostile_share:
+                    self._hostile_request()
+                    continue
                 payload = self.rng.choice(self.payloads)
                 body = {"query": payload["query"], "images": payload["images"],
                         "method": self._method()}  # fmt: skip
@@ -111,7 +134,7 @@ class Soak:
 
 
 def run(minutes: float, concurrency: int, model: str, threads: int, every_s: float,
-        seed: int) -> dict[str, Any]:
+        seed: int, hostile_share: float = 0.0) -> dict[str, Any]:
     payloads = build_payloads(32, 4, seed="eval")
     examples = [{"query": p["query"], "images": p["images"], "answer": p["answer"]}
                 for p in build_payloads(5, 4, seed="calibration")]
@@ -120,7 +143,7 @@ def run(minutes: float, concurrency: int, model: str, threads: int, every_s: flo
         calibrated = httpx.post(f"{served.url}/v1/calibrate", json={"examples": examples},
                                 timeout=300.0)  # fmt: skip
         calibrated.raise_for_status()
-        soak = Soak(served, payloads, examples, seed)
+        soak = Soak(served, payloads, examples, seed, hostile_share)
         for payload in payloads[:8]:  # warm-up before the start RSS
             httpx.post(f"{served.url}/v1/retrieve", json={"query": payload["query"],
                        "images": payload["images"]}, timeout=120.0)  # fmt: skip
@@ -144,6 +167,7 @@ def run(minutes: float, concurrency: int, model: str, threads: int, every_s: flo
     return {
         "model": model, "minutes": minutes, "concurrency": concurrency, "threads": threads,
         "calibrate_every_s": every_s, "method_mix": dict(METHOD_MIX), "rows": rows,
+        "hostile_share": hostile_share, "hostile": sum(r["hostile"] for r in rows),
         "requests": total, "errors": sum(r["errors"] for r in rows),
         "calibrations": sum(r["calibrations"] for r in rows),
         "requests_per_s": round(total / (minutes * 60), 2),
@@ -166,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     parser.add_argument("--calibrate-every-s", type=float, default=60.0,
                         help="seconds between recalibrations (default 60)")
+    parser.add_argument("--hostile-share", type=float, default=0.0,
+                        help="share of requests that are hostile (lad bench hardening's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/soak_demo.json")
     args = parser.parse_args(argv)
@@ -174,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| minute | requests | req/s | errors | calibrations | p50 ms | p99 ms | RSS MiB |")
     print("|--:|--:|--:|--:|--:|--:|--:|--:|")
     record = run(args.minutes, args.concurrency, args.model, args.threads,
-                 args.calibrate_every_s, args.seed)  # fmt: skip
+                 args.calibrate_every_s, args.seed, args.hostile_share)  # fmt: skip
     print(f"{record['requests']} requests ({record['requests_per_s']} req/s), "
           f"{record['errors']} errors, {record['calibrations']} calibrations; RSS "
           f"{record['rss_start_mib']} -> {record['rss_end_mib']} MiB "

@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from app.testing import hostile
 from tests.api.helpers import retrieve_body
 
 ADMIN = "admin-secret"
@@ -121,6 +123,12 @@ def _form(data: dict[str, Any], files: list[Any] | None = None,
     return send
 
 
+def _multipart(boundary: bytes, **form: Any) -> Callable[[Any, dict[str, Any]], Any]:
+    images = [base64.b64decode(GOOD)] * 3
+    media = f"multipart/form-data; boundary={boundary.decode()}"
+    return _raw(hostile.multipart_form(boundary, images, **form), media)
+
+
 _DROP = object()
 BOMB = _enc(Image.new("1", (20000, 20000)))
 DEEP_16 = _enc(Image.fromarray(np.full((24, 24), 50000, dtype=np.uint16)))
@@ -157,6 +165,28 @@ CASES: dict[str, Case] = {
     "animated-gif": Case(200, None, _images(GOOD, _frames("GIF"))),
     "animated-webp": Case(200, None, _images(GOOD, _frames("WEBP"))),
     "exif-rotated-jpeg": Case(200, None, _images(GOOD, _rotated())),
+    "jpeg-200k-empty-app15": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.jpeg_with_app_segments(200_000)))),
+    "jpeg-1025-empty-app1": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.jpeg_with_app_segments(1025, 0xE1)))),
+    "jpeg-1000-app-segments-is-200": Case(200, None, _images(
+        GOOD, _b(hostile.jpeg_with_app_segments(1000)))),
+    "jpeg-fill-bytes": Case(422, "unsupported_image", _images(GOOD, _b(
+        hostile.small_image("JPEG")[:2] + b"\xff" * 100_000 + hostile.small_image("JPEG")[2:]))),
+    "jpeg-300-scans": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.small_image("JPEG") + b"\xff\xda\x00\x02" * 300))),
+    "png-100k-empty-chunks": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.png_with_chunks(b"prVt", b"", 100_000)))),
+    "png-600-text-chunks": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.png_with_chunks(b"tEXt", b"k\x00v", 600)))),
+    "png-text-over-4-mib": Case(400, "invalid_image", _images(GOOD, _b(hostile.png_with_chunks(
+        b"zTXt", b"k\x00\x00" + zlib.compress(b"v" * 1_000_000), 5)))),
+    "png-exif-70k": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.png_with_exif(hostile.exif_with_broken_tags(6000))))),
+    "gif-100k-comment-blocks": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.gif_with_comment_blocks(100_000)))),
+    "webp-exif-70k": Case(422, "unsupported_image", _images(
+        GOOD, _b(hostile.webp_with_exif(hostile.exif_with_broken_tags(6000))))),
     "one-pixel": Case(200, None, _images(GOOD, _enc(Image.new("RGB", (1, 1))))),
     # ---- base64 and data URLs
     "invalid-base64": Case(400, "invalid_image", _images(GOOD, "@@@ not base64 @@@")),
@@ -174,6 +204,13 @@ CASES: dict[str, Case] = {
     "json-infinity": Case(422, "invalid_request", _raw(
         b'{"query": "x", "images": ["a", "b"], "profile": Infinity}')),
     "json-deep-nesting": Case(422, "invalid_request", _raw(b"[" * 20000 + b"]" * 20000)),
+    "json-200k-unknown-keys": Case(422, "invalid_request",
+                                   _raw(hostile.json_unknown_keys(200_000))),
+    "json-nesting-34": Case(422, "invalid_request", _raw(
+        b'{"query": "x", "images": ["a", "b"], "labels": ' + b"[" * 32 + b"]" * 32 + b"}")),
+    "json-300k-numbers": Case(422, "invalid_request", _raw(
+        b'{"query": "x", "images": [' + b",".join([b"1"] * 150_000) + b"]}")),
+    "json-unterminated-string": Case(422, "invalid_request", _raw(b'{"query": "' + b"x" * 10**6)),
     "empty-body": Case(422, "invalid_request", _raw(b"")),
     "missing-query": Case(422, "invalid_request", _retrieve(query=_DROP)),
     "missing-images": Case(422, "invalid_request", _retrieve(images=_DROP)),
@@ -256,6 +293,10 @@ CASES: dict[str, Case] = {
     "multipart-too-many-files": Case(422, "too_many_images", _form({"query": "x"}, [
         ("images", (f"{i}.png", b"x", "image/png")) for i in range(13)])),
     "multipart-bad-labels": Case(422, "invalid_labels", _form({"query": "x", "labels": "[1,"})),
+    "multipart-closed-form-is-200": Case(200, None, _multipart(b"x" * 70)),
+    "multipart-boundary-300": Case(400, "bad_request", _multipart(b"x" * 300)),
+    "multipart-no-closing-boundary": Case(400, "bad_request", _multipart(b"bnd", close=False)),
+    "multipart-cut-last-file": Case(400, "bad_request", _multipart(b"bnd", close=False, cut=60)),
     "declared-body-too-large": Case(413, "payload_too_large", _raw(b" " * 100_000),
                                     settings={"max_body_bytes": 60_000}),
     # ---- profile routes, routing, headers

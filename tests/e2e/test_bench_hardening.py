@@ -1,4 +1,5 @@
-"""`lad bench soak` and `lad bench memory` run end to end on the demo model (short runs)."""
+"""`lad bench soak`, `lad bench memory` and `lad bench hardening` run end to end on the demo
+model (short runs)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,19 @@ def test_memory_bench_reports_peak_and_held_memory(tmp_path):
     for row in record["rows"]:
         assert set(row["statuses"]) == {200}
         assert row["peak_above_idle_mib"] < 1024  # the 4 x 12 images decode within bounds
+
+
+def test_hardening_bench_answers_every_hostile_class_with_a_4xx(tmp_path):
+    from app.bench.hardening import main
+
+    out = tmp_path / "hardening.json"
+    assert main(["--segments", "20000", "--keys", "50000", "--settle-s", "0.2",
+                 "--out", str(out)]) == 0
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 7
+    for name, row in rows.items():
+        expected = {200} if "warn" in name else {400, 413, 422}
+        assert set(row["statuses"]) <= expected, (name, row)
+        assert row["peak_above_idle_mib"] < 512 and row["log_bytes"] < 20_000, (name, row)
+    beside = [r for r in rows.values() if "normal_request" in r]
+    assert beside and all(r["normal_request"] == 200 for r in beside)

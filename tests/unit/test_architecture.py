@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.errors",
         "app.schemas",
         "app.decode",
+        "app.image_headers",
         "app.metrics",
         "app.logs",
         "app.client",

@@ -8,11 +8,13 @@ import io
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
-from app import decode, errors
+from app import decode, errors, image_headers
 from app.decode import Decoder, sniff_format, target_size
+from app.image_headers import check_header
 from app.settings import Settings
+from app.testing import hostile
 
 BUDGET = 56 * 56
 
@@ -255,3 +257,51 @@ def test_a_bad_image_among_threaded_decodes_is_named(monkeypatch) -> None:
     truncated = noise[: len(noise) // 2]  # the header reads: it fails while decoding
     with pytest.raises(errors.InvalidImage, match=r"images\[2\] is truncated"):
         _decoder(decode_threads=4).images([good, good, truncated, good], "images")
+
+
+def _real_world_headers() -> dict[str, bytes]:
+    """Images whose headers carry what cameras and editors write: EXIF, a large ICC profile
+    (split over APP2 segments), progressive scans, PNG text and colour chunks."""
+    photo = _quadrants(256)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    exif[0x010F] = "camera maker"
+    info = PngImagePlugin.PngInfo()
+    for i in range(200):
+        info.add_text(f"key{i}", "value " * 50, zip=i % 2 == 0)
+    return {
+        "jpeg-exif-icc": _encode(photo, "JPEG", exif=exif, icc_profile=b"\0" * 300_000),
+        "jpeg-progressive": _encode(photo, "JPEG", progressive=True, quality=90),
+        "png-text-icc": _encode(photo, "PNG", pnginfo=info, icc_profile=b"\0" * 100_000),
+        "png-exif": _encode(photo, "PNG", exif=exif),
+        "gif-comment": _encode(photo.convert("P"), "GIF", comment=b"made here " * 300),
+        "webp-exif-icc": _encode(photo, "WEBP", exif=exif, icc_profile=b"\0" * 100_000),
+    }
+
+
+@pytest.mark.parametrize("name", list(_real_world_headers()))
+def test_real_headers_are_within_the_header_bounds(name: str) -> None:
+    raw = _real_world_headers()[name]
+    check_header(raw, name)
+    assert _one(_decoder(), raw).size == (56, 56)
+
+
+def test_header_bounds_refuse_past_the_limit_not_before() -> None:
+    check_header(hostile.jpeg_with_app_segments(1000), "x")
+    check_header(hostile.gif_with_comment_blocks(image_headers.MAX_GIF_BLOCKS - 2), "x")
+    check_header(hostile.webp_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES - 6)), "x")
+    check_header(hostile.png_with_chunks(b"tEXt", b"k\0v", image_headers.MAX_PNG_TEXT_CHUNKS), "x")
+    check_header(hostile.png_with_chunks(b"prVt", b"", image_headers.MAX_PNG_CHUNKS - 10), "x")
+    refused = {
+        "app15": hostile.jpeg_with_app_segments(2_000_000),
+        "text": hostile.png_with_chunks(b"tEXt", b"k\0v", image_headers.MAX_PNG_TEXT_CHUNKS + 1),
+        "chunks": hostile.png_with_chunks(b"prVt", b"", image_headers.MAX_PNG_CHUNKS + 1),
+        "exif": hostile.png_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES + 1)),
+        "gif": hostile.gif_with_comment_blocks(image_headers.MAX_GIF_BLOCKS),
+        "webp-exif": hostile.webp_with_exif(b"\0" * (image_headers.MAX_EXIF_BYTES + 1)),
+    }
+    for name, raw in refused.items():
+        with pytest.raises(errors.UnsupportedImage, match="no real image needs that many"):
+            check_header(raw, name)
+    with pytest.raises(errors.UnsupportedImage):  # through the decoder, before Pillow
+        _one(_decoder(), refused["app15"])
