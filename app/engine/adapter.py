@@ -85,6 +85,10 @@ class FamilyAdapter(Protocol):
         """L, the number of decoder layers of the text model."""
         ...
 
+    def context_length(self) -> int | None:
+        """Most tokens the model takes in one sequence (None: no known limit)."""
+        ...
+
     def end_token_id(self) -> int:
         """The token written right after a label (end of turn): the label trie's EOS."""
         ...

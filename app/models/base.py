@@ -36,6 +36,11 @@ class HFAdapter:
     processor_class: ClassVar[type | None] = None
     # processor_config.json keys the parts-based rebuild needs (e.g. image token counts)
     processor_settings: ClassVar[tuple[str, ...]] = ()
+    # the README's family table (`lad docs families`), one line each: how an image appears
+    # in the prompt, what LAD_MAX_PIXELS / LAD_MIN_PIXELS set, what was tested and on what
+    doc_layout: ClassVar[str] = ""
+    doc_pixel_knob: ClassVar[str] = ""
+    doc_tested: ClassVar[str] = ""
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -49,7 +54,12 @@ class HFAdapter:
         """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
         torchvision for a video processor), rebuild it from its saved parts and the
         saved ``processor_settings``."""
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+        from transformers import (
+            AutoImageProcessor,
+            AutoProcessor,
+            AutoTokenizer,
+            PreTrainedTokenizerBase,
+        )
         from transformers.processing_utils import ProcessorMixin
 
         try:
@@ -58,7 +68,10 @@ class HFAdapter:
             processor = None
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        if isinstance(processor, PreTrainedTokenizerBase):  # AutoProcessor fell back to it
+            tokenizer = processor  # (a 150k-token vocabulary takes seconds to read again)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         image_processor = AutoImageProcessor.from_pretrained(path, revision=revision)
         settings: dict[str, Any] = {}
         if cls.processor_settings:
@@ -188,6 +201,12 @@ class HFAdapter:
     def num_layers(self) -> int:
         """L, the number of decoder layers of the text model."""
         return int(self.text_config().num_hidden_layers)
+
+    def context_length(self) -> int | None:
+        """Most tokens in one sequence: the text model's ``max_position_embeddings`` (None
+        when the config has none). A family whose limit is elsewhere overrides this."""
+        limit = getattr(self.text_config(), "max_position_embeddings", None)
+        return int(limit) if limit else None
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

@@ -30,6 +30,19 @@ class InternVLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     processor_class: ClassVar[type | None] = InternVLProcessorNoVideo
     processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_length",)
+    doc_layout: ClassVar[str] = (
+        "`<img>` + `<IMG_CONTEXT>` × 256 per 448 × 448 tile + `</img>` per image (a thumbnail "
+        "tile too when cut); 1-D positions"
+    )
+    doc_pixel_knob: ClassVar[str] = (
+        "tiles per image: max_pixels // 200 704 (checkpoint default 12), at most "
+        "min(12, 28 // N) for N images (the authors' cap); min_pixels rounded up to tiles"
+    )
+    doc_tested: ClassVar[str] = (
+        "tiny random InternVL (one 32 × 32 tile per image, byte-level tokenizer): spans, "
+        "captured == eager, trie == brute force, batching, save/load; the tile cap on a "
+        "processor with the released tiling; no released checkpoint run here"
+    )
 
     @classmethod
     def set_pixel_budget(

@@ -42,6 +42,19 @@ class Qwen2VLAdapter(HFAdapter):
     end_token: ClassVar[str | None] = "<|im_end|>"
     # the two processors differ only in video handling, which is not used here
     processor_class: ClassVar[type | None] = Qwen2_5_VLProcessorNoVideo
+    doc_layout: ClassVar[str] = (
+        "`<|vision_start|>` + `<|image_pad|>` × pixels / 784 + `<|vision_end|>` per image; "
+        "3-D mrope positions"
+    )
+    doc_pixel_knob: ClassVar[str] = (
+        "the image processor's pixel range [min, max] (aspect kept, sides multiples of 28); "
+        "checkpoint default 3 136 .. 12 845 056 pixels, up to 16 384 tokens per image"
+    )
+    doc_tested: ClassVar[str] = (
+        "tiny random Qwen2-VL and Qwen2.5-VL with the released Qwen vocabulary, 4 and 12 "
+        "decoder layers: spans, captured == eager, trie == brute force, batching, save/load, "
+        "calibrate + retrieve end to end; no released checkpoint run here"
+    )
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
