@@ -130,9 +130,10 @@ class HFAdapter:
         return template or ""
 
     def process(
-        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]], **options: Any
     ) -> PromptBatch:
-        """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
+        """Run the processor on a batch, padding on the LEFT so the last token is t_q;
+        ``options`` go to the processor call (a family's per-call settings)."""
         flat = self.processor_images(images)
         out = self.processor(
             text=list(prompts),
@@ -141,6 +142,7 @@ class HFAdapter:
             padding_side="left",
             return_tensors="pt",
             **self.processor_kwargs(flat or []),
+            **options,
         )
         inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
