@@ -37,6 +37,11 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo, Qwen2VLProcessorNoVideo
 from app.testing.qwen_vocab import qwen_tokenizer
 
+DEEP_LAYERS = 12
+"""Decoder depth of the tiny builds on which layer selection runs: Λ = 7..11 (the default
+last 42 %), five candidate layers for K = 2, where the default 4 layers give Λ = L* = {2, 3}.
+``build_tiny(family, num_hidden_layers=DEEP_LAYERS)``."""
+
 FAMILIES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl")
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
