@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.cli_help import command_parser
-from app.readme_blocks import README, replace_block, sync
+from app.readme_blocks import README, block_command
 
 if TYPE_CHECKING:  # the registry imports torch: only after --help has been answered
     from app.models.base import HFAdapter
@@ -66,20 +65,10 @@ def undocumented() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad docs families", description=__doc__)
-    parser.add_argument(
-        "--write", action="store_true", help="update README.md in place (default: print it)"
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
-    args = parser.parse_args(argv)
-    generated = table()
-    if not (args.write or args.check):
-        print(generated)
-        return 0
-    updated = replace_block(README.read_text(), START, END, generated)
-    if updated is None:
-        raise SystemExit(f"README.md has no {START!r} ... {END!r} block")
-    return sync(updated, check=args.check, command="lad docs families --write", readme=README)
+    return block_command(
+        argv, prog="lad docs families", description=__doc__, start=START, end=END,
+        generate=table, readme=README,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
