@@ -183,7 +183,8 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
 
 
 def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """A tiny random model of ``family`` and its in-code processor (fast: well under 2 s)."""
+    """A tiny random model of ``family`` and its in-code processor (about a second; the
+    first Qwen build of a process also reads the real vocabulary, a few seconds more)."""
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:
