@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench online": ("app.bench.online",
                      "time the evidence cache and feedback per store backend (online calibration)"),
     "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),
+    "docs families": ("app.families_doc", "print or rewrite the README's model family table"),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
     "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),

@@ -124,6 +124,15 @@ class InvalidLabels(ServiceError):
     )
 
 
+class PromptTooLong(ServiceError):
+    code, status = "prompt_too_long", 422
+    meaning = (
+        "the prompt, images and label included, is longer than the model's context (its token "
+        "count and the limit are in the message): fewer or smaller images, or a lower "
+        "LAD_MAX_PIXELS"
+    )
+
+
 class InvalidCalibration(ServiceError):
     code, status = "invalid_calibration", 422
     meaning = "calibration examples with different N, or an answer outside 0..N-1"
@@ -233,10 +242,10 @@ class InternalError(ServiceError):
 ERRORS: tuple[type[ServiceError], ...] = (
     InvalidRequest, BadRequest, InvalidImage, UnsupportedImageFormat, UnsupportedImage,
     ImageTooLarge, PayloadTooLarge, RequestTimeout, TooManyImages, TooFewImages, InvalidQuery,
-    InvalidLabels, InvalidCalibration, UnsupportedMediaType, Unauthorized, Forbidden, NotFound,
-    MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch, NoPreviousVersion,
-    RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady, StoreUnavailable,
-    StoreCorrupt, EngineFailure, InternalError,
+    InvalidLabels, PromptTooLong, InvalidCalibration, UnsupportedMediaType, Unauthorized,
+    Forbidden, NotFound, MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch,
+    NoPreviousVersion, RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady,
+    StoreUnavailable, StoreCorrupt, EngineFailure, InternalError,
 )  # fmt: skip
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 

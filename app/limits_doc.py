@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from app import errors
 from app.api.middleware import SMALL_BODY_BYTES
-from app.cli_help import command_parser
-from app.readme_blocks import README, replace_block, sync
+from app.readme_blocks import README, block_command
 from app.schemas import MAX_CALIBRATION_EXAMPLES
 from app.settings import MAX_N, Settings
 
@@ -52,6 +51,8 @@ FIXED: tuple[tuple[str, str, str], ...] = (
      "`invalid_request`"),
     ("special tokens of the model in query or labels", "refused",
      "422 `invalid_query` / `invalid_labels`"),
+    ("prompt tokens (images and the longest label included)", "the model's context "
+     "(`max_position_embeddings`)", "422 `prompt_too_long` before any forward pass"),
 )
 
 
@@ -87,21 +88,10 @@ def readme_block(text: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad docs limits", description=__doc__)
-    parser.add_argument(
-        "--write", action="store_true", help="update README.md in place (default: print them)"
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
-    args = parser.parse_args(argv)
-    generated = tables()
-    if not (args.write or args.check):
-        print(generated)
-        return 0
-    text = README.read_text()
-    updated = replace_block(text, START, END, generated)
-    if updated is None:
-        raise SystemExit(f"README.md has no {START!r} ... {END!r} block")
-    return sync(updated, check=args.check, command="lad docs limits --write")
+    return block_command(
+        argv, prog="lad docs limits", description=__doc__, start=START, end=END,
+        generate=tables, readme=README,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ source; this is how a block is replaced and how ``--write`` / ``--check`` treat 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from app.cli_help import command_parser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -31,3 +34,25 @@ def sync(updated: str, *, check: bool, command: str, readme: Path = README) -> i
     readme.write_text(updated)
     print(f"updated {readme}")
     return 0
+
+
+def block_command(
+    argv: list[str] | None, *, prog: str, description: str | None, start: str, end: str,
+    generate: Callable[[], str], readme: Path = README,
+) -> int:  # fmt: skip
+    """A ``lad docs ...`` command for one generated block: print it, or ``--write`` it
+    between the markers of ``readme``, or ``--check`` that ``readme`` holds it."""
+    parser = command_parser(prog=prog, description=description)
+    parser.add_argument(
+        "--write", action="store_true", help="update README.md in place (default: print it)"
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    args = parser.parse_args(argv)
+    generated = generate()
+    if not (args.write or args.check):
+        print(generated)
+        return 0
+    updated = replace_block(readme.read_text(), start, end, generated)
+    if updated is None:
+        raise SystemExit(f"{readme.name} has no {start!r} ... {end!r} block")
+    return sync(updated, check=args.check, command=f"{prog} --write", readme=readme)

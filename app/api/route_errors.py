@@ -21,7 +21,7 @@ BODY = (errors.UnsupportedMediaType,)
 """Routes that read a body of a given content type."""
 IMAGES = (errors.InvalidImage, errors.UnsupportedImageFormat, errors.UnsupportedImage,
           errors.ImageTooLarge, errors.TooManyImages, errors.TooFewImages, errors.InvalidQuery,
-          errors.InvalidLabels)  # fmt: skip
+          errors.InvalidLabels, errors.PromptTooLong)  # fmt: skip
 """Routes that decode a query and candidate images."""
 AUTH = (errors.Unauthorized, errors.Forbidden)
 ADMIN = (*AUTH, errors.StoreUnavailable)

@@ -92,6 +92,10 @@ class FamilyAdapter(Protocol):
         """The decoder layers whose softmax attention sees every image: Λ's candidates."""
         ...
 
+    def context_length(self) -> int | None:
+        """Most tokens the model takes in one sequence (None: no known limit)."""
+        ...
+
     def end_token_id(self) -> int:
         """The token written right after a label (end of turn): the label trie's EOS."""
         ...

@@ -38,6 +38,19 @@ class ForwardResult:
     prompt_tokens: list[int] | None = None  # per item: its prompt's tokens, images included
 
 
+class PromptTooLongError(ValueError):
+    """A prompt (with its longest label) longer than the model's context, found after the
+    processor counted its tokens and before any forward pass."""
+
+    def __init__(self, tokens: int, label_tokens: int, limit: int) -> None:
+        super().__init__(
+            f"the prompt is {tokens} tokens (images included) plus up to {label_tokens} "
+            f"label token(s), over the model's context of {limit} tokens: send fewer or "
+            "smaller images (LAD_MAX_PIXELS bounds the tokens per image)"
+        )
+        self.tokens, self.label_tokens, self.limit = tokens, label_tokens, limit
+
+
 class RunnerLike(Protocol):
     """What the service needs from a runner (``app.engine.runner.Runner`` implements it)."""
 

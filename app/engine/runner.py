@@ -41,7 +41,7 @@ from app.engine.attention import (
     default_layers,
     enable_capture,
 )
-from app.engine.interface import ForwardResult, RetrievalItem
+from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.labels import LabelSpec, resolve_labels, scheme_name
 from app.engine.prompts import prompt_hash, prompt_text
 from app.engine.trie import LabelTrie, StepFn, score_label_tries
@@ -291,10 +291,22 @@ class Runner:
             start = time.perf_counter()
             batch = self.process(items, labels)
             process_ms = (time.perf_counter() - start) * 1e3
+            self._check_context(batch, tries)
             result = self._forward_processed(batch, tries)
         result.timings_ms = {"process": process_ms, **result.timings_ms}
         result.prompt_tokens = [int(t) for t in batch.attention_mask.sum(-1).tolist()]
         return result
+
+    def _check_context(self, batch: PromptBatch, tries: Sequence[LabelTrie]) -> None:
+        """Refuse, before any forward, a row whose prompt plus its longest label would not
+        fit the model's context (PromptTooLongError; the service answers 422)."""
+        limit = self.adapter.context_length()
+        if limit is None:
+            return
+        tokens = batch.attention_mask.long().sum(-1).tolist()
+        for count, trie in zip(tokens, tries, strict=True):
+            if int(count) + trie.max_depth > limit:
+                raise PromptTooLongError(int(count), trie.max_depth, int(limit))
 
     def plain_forward_ms(
         self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits"

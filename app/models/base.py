@@ -61,7 +61,12 @@ class HFAdapter:
         """The saved processor; when ``AutoProcessor`` cannot build it (e.g. no
         torchvision for a video processor), rebuild it from its saved parts and the
         saved ``processor_settings``."""
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+        from transformers import (
+            AutoImageProcessor,
+            AutoProcessor,
+            AutoTokenizer,
+            PreTrainedTokenizerBase,
+        )
         from transformers.processing_utils import ProcessorMixin
 
         options = {"revision": revision, "trust_remote_code": trust_remote_code}
@@ -71,7 +76,10 @@ class HFAdapter:
             processor = None
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
-        tokenizer = AutoTokenizer.from_pretrained(path, **options)
+        if isinstance(processor, PreTrainedTokenizerBase):  # AutoProcessor fell back to it
+            tokenizer = processor  # (a 150k-token vocabulary takes seconds to read again)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, **options)
         image_processor = AutoImageProcessor.from_pretrained(path, **options)
         settings: dict[str, Any] = {}
         if cls.processor_settings:
@@ -132,9 +140,10 @@ class HFAdapter:
         return template or ""
 
     def process(
-        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]], **options: Any
     ) -> PromptBatch:
-        """Run the processor on a batch, padding on the LEFT so the last token is t_q."""
+        """Run the processor on a batch, padding on the LEFT so the last token is t_q;
+        ``options`` go to the processor call (a family's per-call settings)."""
         flat = self.processor_images(images)
         out = self.processor(
             text=list(prompts),
@@ -143,6 +152,7 @@ class HFAdapter:
             padding_side="left",
             return_tensors="pt",
             **self.processor_kwargs(flat or []),
+            **options,
         )
         inputs = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         return PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
@@ -224,6 +234,12 @@ class HFAdapter:
         """Each decoder layer's self-attention module, in layer order (None for a layer
         without one, e.g. a linear-attention layer)."""
         return [getattr(layer, "self_attn", None) for layer in self.decoder_layers()]
+
+    def context_length(self) -> int | None:
+        """Most tokens in one sequence: the text model's ``max_position_embeddings`` (None
+        when the config has none). A family whose limit is elsewhere overrides this."""
+        limit = getattr(self.text_config(), "max_position_embeddings", None)
+        return int(limit) if limit else None
 
     def token_id(self, token: str) -> int:
         """Id of a single (special) token; raises if the tokenizer does not know it."""

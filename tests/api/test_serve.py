@@ -27,7 +27,9 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_json):
     model_dir = tmp_path / "tiny-model"
-    model, processor = build_tiny("qwen2_5_vl")
+    # the byte-level vocabulary: this test is about uvicorn and the settings, and reading the
+    # real 151k-token tokenizer.json takes transformers ~10 s (tests/integration covers it)
+    model, processor = build_tiny("qwen2_5_vl", vocab="bytes")
     model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
     port = _free_port()

@@ -15,11 +15,13 @@ from tests.api.helpers import retrieve_body
 
 
 class SinkRunner:
-    """The tiny runner, with the first layer of Λ turned into a sink: all of its image
-    attention goes to the first image (plus more mass than any other layer)."""
+    """A runner with one layer of Λ (``layer``, an index into Λ; the first by default)
+    turned into a sink: all of its image attention goes to the first image (plus more mass
+    than any other layer)."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: Any, layer: int = 0) -> None:
         self._runner = runner
+        self._layer = layer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
@@ -29,8 +31,8 @@ class SinkRunner:
         attention = []
         for a in out.attention:
             a = a.copy()
-            a[0] = 0.0
-            a[0, 0] = 10.0
+            a[self._layer] = 0.0
+            a[self._layer, 0] = 10.0
             attention.append(a)
         return ForwardResult(out.scores, attention, out.timings_ms)
 

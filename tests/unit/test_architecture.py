@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve", "app.limits_doc", "app.readme_blocks"),
+    ("app.main", "app.cli", "app.bench", "app.serve", "app.limits_doc", "app.readme_blocks",
+     "app.families_doc"),
 ]
 
 

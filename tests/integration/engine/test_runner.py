@@ -15,7 +15,7 @@ from app.engine.interface import ForwardResult, RetrievalItem
 from app.engine.labels import resolve_labels
 from app.engine.prompts import prompt_hash
 from app.engine.runner import Runner, chain_path
-from app.engine.trie import LabelTrie, label_token_sequences
+from app.engine.trie import LabelTrie
 from app.models.loader import load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
 from app.testing.tiny_models import (
@@ -25,6 +25,7 @@ from app.testing.tiny_models import (
     random_images,
     tiny_runner,
 )
+from tests.integration.engine.reference import brute_force_scores
 
 torch.set_num_threads(1)
 
@@ -41,44 +42,6 @@ def _items() -> list[RetrievalItem]:
         RetrievalItem("two birds on a wire", images[4:7]),
         RetrievalItem("snow", images[:12]),
     ]
-
-
-def _brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) -> np.ndarray:
-    """Teacher-force prompt + label + end token in one full forward (no cache, no trie).
-
-    At each prefix of c_j the restricted set is every next token of the labels that
-    share the prefix, plus the end token when some label ends exactly there.
-    """
-    seqs = [tuple(s) for s in label_token_sequences(runner.processor, labels)]
-    eos = runner.adapter.end_token_id()
-    batch = runner.process([item], labels)
-    kwargs = dict(batch.inputs)
-    scores = np.zeros(len(labels))
-    for j, seq in enumerate(seqs):
-        continuation = [*seq, eos]
-        extra = torch.tensor([continuation])
-        full = dict(kwargs)
-        for key, value in kwargs.items():  # token-level tensors: label tokens are text
-            if isinstance(value, torch.Tensor) and value.shape == batch.input_ids.shape:
-                full[key] = torch.cat([value, torch.zeros_like(extra)], dim=1)
-        full["input_ids"] = torch.cat([kwargs["input_ids"], extra], dim=1)
-        full["attention_mask"] = torch.ones_like(full["input_ids"])
-        with torch.inference_mode():
-            logits = runner.model(**full).logits[0].double()
-        start = kwargs["input_ids"].shape[1] - 1
-        for d, token in enumerate(continuation):
-            prefix = seq[:d]
-            choices = {s[d] for s in seqs if s[:d] == prefix and len(s) > d}
-            if prefix in seqs and choices:
-                choices.add(eos)
-            if d == len(seq) and not choices:
-                break  # a leaf: nothing to normalise
-            if len(choices) < 2:
-                continue
-            ids = sorted(choices)
-            logp = torch.log_softmax(logits[start + d, ids], dim=-1)
-            scores[j] += float(logp[ids.index(token)])
-    return scores
 
 
 def test_scores_are_restricted_log_probs(runner: Runner) -> None:
@@ -125,7 +88,9 @@ def test_exactly_one_prompt_forward_and_no_generate(
         runner.forward(_items())
         assert calls == [{"pixels": True, "cache": False}]
         calls.clear()
-        runner.forward(_items()[2:], labels="words")  # branches off one chain: cached steps
+        # roman N = 12 (real Qwen BPE): "V" -> {"II", "III", EOS} and "X" -> {"II", EOS}
+        # branch at two nodes, off one chain: cached steps
+        runner.forward(_items()[2:], labels="roman")
         assert [c["pixels"] for c in calls][:2] == [True, False]
         assert calls[0]["cache"] is True and len(calls) > 1
     finally:
@@ -139,7 +104,8 @@ def test_chain_path_decides_the_fold(runner: Runner) -> None:
     one = trie("digits", 12).token_sequences[0]
     assert chain_path(trie("digits", 12)) == one  # root -> "1" -> {"0", "1", "2", EOS}
     assert chain_path(trie("digits", 9)) == ()
-    assert chain_path(trie("words", 12)) is None  # "t" and "s" both branch at depth 1
+    assert chain_path(trie("words", 12)) == ()  # real BPE: every word has its own first token
+    assert chain_path(trie("roman", 12)) is None  # "V" and "X" both branch at depth 1
     assert chain_path(trie("digits", 120)) is None
     deep = LabelTrie.build([(1,), (1, 2), (1, 3), (1, 2, 4), (1, 2, 5), (6,)], eos_id=9)
     assert chain_path(deep) == (1, 2)
@@ -150,9 +116,9 @@ def test_chain_path_decides_the_fold(runner: Runner) -> None:
 def _mixed_batch(
     runner: Runner,
 ) -> tuple[list[RetrievalItem], list[str], list[LabelTrie], PromptBatch]:
-    """Rows: N=12 digits, N=3 digits, N=12 number words (each row its own scheme)."""
+    """Rows: N=12 digits, N=3 digits, N=12 roman numerals (each row its own scheme)."""
     items = [_items()[2], _items()[1], RetrievalItem("a quiet harbour", _items()[2].images)]
-    specs = ["digits", "digits", "words"]
+    specs = ["digits", "digits", "roman"]
     prompts = [runner.prompts([it], spec)[0] for it, spec in zip(items, specs, strict=True)]
     batch = runner.adapter.process(prompts, [list(it.images) for it in items])
     tries = [
@@ -176,7 +142,7 @@ def test_mixed_batch_falls_back_to_cached_steps(runner: Runner) -> None:
     assert caches[0] is True and len(caches) > 1  # prompt forward, then cached steps
     for item, spec, scores in zip(items, specs, result.scores, strict=True):
         labels = resolve_labels(spec, len(item.images))
-        expected = _brute_force_scores(runner, item, labels)
+        expected = brute_force_scores(runner, item, labels)
         np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
     # the two digit rows alone fold, and agree with the fallback batch
     folded = runner._forward_processed(runner.process(items[:2]), tries[:2])
@@ -214,14 +180,15 @@ def test_trie_equals_brute_force_for_twelve_digits(family: str) -> None:
     result = runner.forward(items)  # batched, left-padded, N = 4, 3, 12
     for item, scores in zip(items, result.scores, strict=True):
         labels = resolve_labels("digits", len(item.images))
-        expected = _brute_force_scores(runner, item, labels)
+        expected = brute_force_scores(runner, item, labels)
         np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
 
 
-def test_number_words_use_cached_steps(runner: Runner) -> None:
-    item = _items()[0]
-    result = runner.forward([item], labels="words")
-    expected = _brute_force_scores(runner, item, resolve_labels("words", 4))
+def test_roman_numerals_use_cached_steps(runner: Runner) -> None:
+    item = _items()[2]
+    assert chain_path(runner.label_trie(resolve_labels("roman", 12))) is None
+    result = runner.forward([item], labels="roman")
+    expected = brute_force_scores(runner, item, resolve_labels("roman", 12))
     np.testing.assert_allclose(result.scores[0], expected, atol=1e-5, rtol=0)
 
 
