@@ -29,11 +29,11 @@ from app.engine.prompts import PROMPT_VARIANTS
 from app.eval.datasets import DATASETS
 from app.eval.evidence import EVAL_METHODS
 from app.eval.harness import DEFAULT_METHODS, EvalConfig
-from app.eval.protocol import DEFAULT_ORDERINGS
+from app.eval.paper import PROTOCOLS
 
 
 def _layers(text: str) -> list[int]:
-    """"2,3" or "2-3" -> [2, 3]."""
+    """ "2,3" or "2-3" -> [2, 3]."""
     if "-" in text and "," not in text:
         lo, _, hi = text.partition("-")
         return list(range(int(lo), int(hi) + 1))
@@ -42,7 +42,9 @@ def _layers(text: str) -> list[int]:
 
 def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     p = command_parser(
-        prog=prog, description=__doc__, raw_description=True,
+        prog=prog,
+        description=__doc__,
+        raw_description=True,
         epilog="`lad eval rerank --help`: the windowed tournament of /v1/rerank and the "
         "profiles of one n=all calibration against per-N ones (app/eval/rerank.py)",
     )
@@ -59,9 +61,17 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
         help="random / adversarial (synthetic, coco, flickr), given (jsonl); one run each "
         "(default: the dataset's first)")  # fmt: skip
     add("-n", "--n", nargs="+", type=int, dest="ns", default=[4], help="candidates per item" + d)
+    add("--protocol", choices=PROTOCOLS, default="ours",
+        help="ours: balanced orderings, cyclic perm_avg; paper: the authors' settings (336 px "
+        "bicubic, T = 5 shared orderings, perm_avg over 16 orders, their prompts)" + d)  # fmt: skip
+    add(
+        "--dry-run",
+        action="store_true",
+        help="write protocol.json (forward passes included) and stop: no model is loaded",
+    )
     add("--items", type=int, default=200, help="evaluation items per run" + d)
-    add("--orderings", type=int, default=DEFAULT_ORDERINGS,
-        help="T orderings per item, rounded up to a multiple of N" + d)  # fmt: skip
+    add("--orderings", type=int, default=None,
+        help="T orderings per item (ours: 4, rounded up to a multiple of N; paper: 5)")  # fmt: skip
     add("--calibration", type=int, default=5, help="M, calibration items" + d)
     add("--eval-seed", type=int, default=None,
         help="seed of the evaluation items (default: 3003 for synthetic, else 1)")  # fmt: skip
@@ -90,12 +100,17 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
         help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math")  # fmt: skip
     add("--batch-size", type=int, default=16, help="instances per forward" + d)
     add("--threads", type=int, default=1, help="torch CPU threads" + d)
-    add("--samples", type=int, default=10, help="self_consistency samples" + d)
-    add("--temperature", type=float, default=0.7, help="self_consistency temperature" + d)
-    add("--generation-seed", type=int, default=0, help="seed of the sampling" + d)
-    add("--cot-prompt", default=None, help="CoT text (default: LAD_COT_PROMPT)")
-    add("--cot-max-new-tokens", type=int, default=None,
-        help="longest generated answer (default: LAD_COT_MAX_NEW_TOKENS, 64)")  # fmt: skip
+    g = p.add_argument_group("generation baselines (default: the protocol's, all explicit)")
+    g.add_argument("--samples", type=int, default=None, help="self_consistency samples (10)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="self_consistency temperature (0.7)")  # fmt: skip
+    g.add_argument("--sc-top-k", type=int, default=None, help="self_consistency top-k (40)")
+    g.add_argument("--generation-seed", type=int, default=0, help="seed of the sampling" + d)
+    g.add_argument("--cot-prompt", default=None,
+                   help="text of cot and self_consistency (default: the protocol's)")  # fmt: skip
+    g.add_argument("--cot-max-new-tokens", type=int, default=None, help="cot budget (1024)")
+    g.add_argument("--sc-max-new-tokens", type=int, default=None,
+                   help="self_consistency budget per sample (512)")  # fmt: skip
     add("--bootstrap", type=int, default=2000, help="item-bootstrap resamples" + d)
     add("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap" + d)
     add("--out", type=Path, default=Path("runs/eval"), help="output folder" + d)
@@ -135,18 +150,20 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
 
         return rerank_main(argv[1:])
     config = config_from(argv, prog)
-    from app.models.loader import load_runner
-    from app.settings import Settings
+    from app.eval.harness import run_evaluation
+    from app.eval.protocol_record import resolve_layers
 
-    settings = Settings()
-    config.cot_prompt = config.cot_prompt or settings.cot_prompt
-    config.cot_max_new_tokens = config.cot_max_new_tokens or settings.cot_max_new_tokens
+    config.layers = resolve_layers(config)
+    if config.dry_run:
+        run_evaluation(None, config)
+        print(f"{config.out}/protocol.json (dry run: no model loaded)")
+        return 0
+    from app.models.loader import load_runner
+
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
                          threads=config.threads)  # fmt: skip
     if config.stream:
         return _stream(runner, config)
-    from app.eval.harness import run_evaluation
-
     metrics = run_evaluation(runner, config)
     for run in metrics["runs"]:
         print(f"\nN={run['n']} {run['setting']}: {run['items']} items x {run['orderings']} "
