@@ -84,6 +84,7 @@ class ProtocolSpec:
     cot: GenerationSpec
     self_consistency: GenerationSpec
     calibration: str  # where the M calibration items come from
+    negatives: str  # the exclusion rule of COCO / Flickr negatives (datasets.base)
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +97,7 @@ OURS = ProtocolSpec(
     cot=GenerationSpec(OURS_COT_PROMPT, 1024, do_sample=False),
     self_consistency=GenerationSpec(OURS_COT_PROMPT, 512, do_sample=True, temperature=0.7,
                                     top_k=40, samples=10),
-    calibration="M items disjoint from the evaluation items (own seed)",
+    calibration="M items disjoint from the evaluation items (own seed)", negatives="ours",
 )  # fmt: skip
 
 PAPER = ProtocolSpec(
@@ -105,7 +106,7 @@ PAPER = ProtocolSpec(
     cot=GenerationSpec(PAPER_COT_PROMPT, 1024, do_sample=False, parser="paper"),
     self_consistency=GenerationSpec(PAPER_SC_PROMPT, 512, do_sample=True, temperature=0.7,
                                     top_k=40, samples=10, parser="paper", no_vote="first"),
-    calibration="M items disjoint from the evaluation items (own seed)",
+    calibration="M items disjoint from the evaluation items (own seed)", negatives="paper",
     notes=(
         "the authors calibrate on the first M evaluation items; here calibration items are "
         "disjoint from the evaluation items (as the paper's text says)",

@@ -188,6 +188,7 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
             "instances": _s(config.instances),
             "clip": _s(config.clip),
             "calibration_dataset": config.calibration_dataset or config.dataset,
+            "negatives": p.negatives,
         },
         "seeds": {
             "eval": config.eval_seed,

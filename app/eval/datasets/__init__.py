@@ -31,8 +31,10 @@ def open_dataset(
     clip: Path | None = None,
     cache_dir: Path = Path("var/cache"),
     image_size: int | None = None,
+    negatives: str = "ours",
 ) -> Dataset:
-    """The reader of ``name`` over its files (ValueError naming what is missing)."""
+    """The reader of ``name`` over its files (ValueError naming what is missing);
+    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``)."""
     if name == "synthetic":
         from app.eval.datasets.synthetic import SyntheticDataset
 
@@ -47,18 +49,20 @@ def open_dataset(
         return JsonlDataset(data)
     if images is None:
         raise ValueError(f"dataset {name!r} needs --images (the image folder)")
-    embed = None
+    embed = text_embed = None
     if clip is not None:
-        from app.eval.datasets.clip import clip_embeddings
+        from app.eval.datasets.clip import clip_embeddings, clip_text_embeddings
 
         embed = partial(clip_embeddings, clip, cache_dir=cache_dir)
+        text_embed = partial(clip_text_embeddings, clip, cache_dir=cache_dir)
+    rule = {"rule": negatives, "text_embed": text_embed}
     if name == "coco":
         from app.eval.datasets.coco import coco_dataset
 
-        return coco_dataset(data, images, instances, embed)
+        return coco_dataset(data, images, instances, embed, **rule)
     from app.eval.datasets.flickr import flickr_dataset
 
-    return flickr_dataset(data, images, embed)
+    return flickr_dataset(data, images, embed, **rule)
 
 
 __all__ = ["DATASETS", "DEFAULT_SETTINGS", "Dataset", "EvalItem", "check_disjoint",

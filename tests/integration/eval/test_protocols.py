@@ -13,7 +13,7 @@ from app.eval import cli
 from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
 from app.models.loader import load_runner
-from tests.unit.eval.fixtures import write_coco
+from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 
 @pytest.fixture(scope="module")
@@ -62,17 +62,22 @@ def test_dry_run_writes_the_paper_protocol_without_a_model(tmp_path, monkeypatch
     assert len(run["items"]) == 3 and len(run["calibration_items"]) == 2
 
 
+@pytest.mark.slow
 def test_paper_protocol_on_a_coco_format_set(runner, tmp_path) -> None:
-    captions, images, instances = write_coco(tmp_path / "coco", count=12)
+    captions, images, instances = write_coco(tmp_path / "coco", count=30)
     out = tmp_path / "out"
     config = EvalConfig(out=out, protocol="paper", dataset="coco", data=captions, images=images,
-                        instances=instances, ns=[3], items=4, calibration=2, progress=False,
-                        bootstrap=100, methods=["vanilla", "agd", "perm_avg"])  # fmt: skip
+                        instances=instances, clip=tiny_clip(tmp_path / "clip"),
+                        cache_dir=tmp_path / "cache", settings=["adversarial"], ns=[3],
+                        items=4, calibration=2, progress=False, bootstrap=100,
+                        methods=["vanilla", "agd", "perm_avg"])  # fmt: skip
     spy = SizeSpy(runner)
     run_evaluation(spy, config)
     assert spy.sizes == {(336, 336)}  # the 56 px world images, resized bicubic
     doc = json.loads((out / "protocol.json").read_text())
     assert doc["dry_run"] is False and "rendered" in doc["runs"][0]["prompts"]
+    assert doc["dataset"]["negatives"] == "paper" and doc["runs"][0]["setting"] == "adversarial"
+    assert len(list((tmp_path / "cache").glob("clip_*.npy"))) == 2  # image and caption cosines
     shared = doc["runs"][0]["orderings"]["orders"]
     assert len(shared) == 5  # T = 5 of the 3! = 6 orders
     records = read_records(out / "predictions.jsonl")
