@@ -145,7 +145,8 @@ def _datasets(runner: Any, config: EvalConfig) -> tuple[Dataset, Dataset]:
     from app.eval.datasets.synthetic import image_size_for
 
     common = {"clip": config.clip, "cache_dir": config.cache_dir,
-              "image_size": image_size_for(runner), "negatives": spec(config.protocol).negatives}  # fmt: skip
+              "image_size": image_size_for(runner),
+              "negatives": spec(config.protocol).negatives}  # fmt: skip
     main = open_dataset(config.dataset, data=config.data, images=config.images,
                         instances=config.instances, **common)  # fmt: skip
     if config.calibration_dataset is None and config.calibration_data is None:

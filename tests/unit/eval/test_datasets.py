@@ -169,8 +169,8 @@ def test_paper_rule_text_cosine_and_category_containment(tmp_path: Path) -> None
     assert negatives == [paths[3], paths[5]]  # 4, 2: contain {1}; 1: text cosine 0.98
     ours = ImagePool("toy", pool, neighbours=lambda: image_emb)  # equal sets only, lexical
     item = ours._item(0, 3, "adversarial", seed=0)
-    assert sorted(p for k, p in enumerate(item.images) if k != item.answer) == [paths[1],
-                                                                               paths[2]]  # fmt: skip
+    kept = sorted(p for k, p in enumerate(item.images) if k != item.answer)
+    assert kept == [paths[1], paths[2]]
     random_item = ds._item(0, 6, "random", seed=0)  # no filter: all five others fit
     assert random_item is not None and len(set(random_item.images)) == 6
     with pytest.raises(ValueError, match="rule"):
