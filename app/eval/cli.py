@@ -96,6 +96,10 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
         help="§2.4 step 2" + d)  # fmt: skip
     add("--mixture", choices=MIXTURES, default=MethodConfig.mixture, help="§2.4 step 4" + d)
     add("--no-prior", action="store_true", help="posterior without the prior division (P = 1)")
+    add("--zero-bias", action="store_true",
+        help="ablation: B = 0 after calibration (agd then corrects nothing)")  # fmt: skip
+    add("--all-layers", action="store_true",
+        help="ablation: L* = Λ, every candidate layer averaged (instead of the top K)")  # fmt: skip
     add("--no-sink-guard", dest="sink_guard", action="store_false",
         help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math")  # fmt: skip
     add("--batch-size", type=int, default=16, help="instances per forward" + d)
@@ -158,13 +162,35 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
         run_evaluation(None, config)
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0
+    if config.dataset == "simulated":
+        return _simulated(config)
     from app.models.loader import load_runner
 
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
                          threads=config.threads)  # fmt: skip
     if config.stream:
         return _stream(runner, config)
-    metrics = run_evaluation(runner, config)
+    _print(run_evaluation(runner, config), config)
+    return 0
+
+
+def _simulated(config: EvalConfig) -> int:
+    """--dataset simulated: the score-level simulation's backend instead of a model."""
+    from app.eval.datasets.simulated import SimulatedBackend
+    from app.eval.harness import run_evaluation
+
+    needs_model = [m for m in config.methods if m in ("instruction", "cot", "self_consistency")]
+    if needs_model or config.stream:
+        what = ", ".join(needs_model) or "--stream"
+        raise SystemExit(f"lad eval: the simulation has no text model for {what}; "
+                         "use the score methods")  # fmt: skip
+    config.layers = None
+    _print(run_evaluation(SimulatedBackend(), config), config)
+    print("(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)")
+    return 0
+
+
+def _print(metrics: dict[str, Any], config: EvalConfig) -> None:
     for run in metrics["runs"]:
         print(f"\nN={run['n']} {run['setting']}: {run['items']} items x {run['orderings']} "
               "orderings")  # fmt: skip
@@ -173,7 +199,6 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
                   f"{m['acc_ci'][1]:5.1f}]  RStd {m['rstd']:5.1f} (floor "
                   f"{m['rstd_noise_floor']:4.1f})  cons {m['cons']:5.1f}")  # fmt: skip
     print(f"\n{config.out}/report.md  ({metrics['config']['wall_s']} s)")
-    return 0
 
 
 def _stream(runner: object, config: EvalConfig) -> int:

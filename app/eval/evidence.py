@@ -56,7 +56,10 @@ class Options:
 
 
 def prepare_image(image: Any, options: Options) -> Image.Image:
-    """The image as the protocol shows it: opened, and resized when the protocol says so."""
+    """The image as the protocol shows it: opened, and resized when the protocol says so
+    (a simulated candidate is no image: it goes to the simulated backend as it is)."""
+    if not isinstance(image, Image.Image | Path | str):
+        return image
     im = open_image(image)
     if options.image_size is not None and im.size != tuple(options.image_size):
         im = im.resize(tuple(options.image_size), Image.Resampling.BICUBIC)

@@ -73,6 +73,8 @@ class EvalConfig:
     posterior_variant: str = MethodConfig.posterior_variant
     mixture: str = MethodConfig.mixture
     no_prior: bool = False
+    zero_bias: bool = False
+    all_layers: bool = False
     sink_guard: bool = MethodConfig.sink_guard
     batch_size: int = 16
     threads: int | None = 1
@@ -217,6 +219,8 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
                  plan: RunPlan) -> tuple[Run, dict[str, Any]]:  # fmt: skip
     """One planned (n, setting): calibrate, then score every method under its orderings."""
     n, options = plan.n, plan.options
+    if config.all_layers:  # ablation: L* = Λ (every candidate layer averaged)
+        options = replace(options, config=replace(options.config, top_k=len(runner.layers)))
     instances = plan.orderings.shape[0] * plan.orderings.shape[1]
     k = None if options.perm_orders is None else len(options.perm_orders)
     total = planned_forwards(config.methods, n, instances, len(plan.calibration_items), k)
@@ -224,6 +228,8 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
     with _progress(config, total, f"N={n} {plan.setting}") as bar, \
             tile_budget(runner, n, spec_.tile_cap):  # fmt: skip
         calibration, evidence = calibrate(runner, plan.calibration_items, options, bar.update)
+        if config.zero_bias:  # ablation: B = 0 (agd keeps π but corrects nothing)
+            calibration = replace(calibration, bias_matrix=0.0 * calibration.bias_matrix)
         run = Run(n, plan.setting, dataset, plan.items, plan.orderings, [])
         score_methods(runner, run, calibration, config.methods, options, bar.update)
         if "instruction" in config.methods:

@@ -77,6 +77,7 @@ def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
     out: dict[str, Any] = {
         "acc": float(acc),
         "acc_ci": stats.mean_ci(100.0 * correct.mean(axis=1), indices),
+        "acc_ci_degenerate": bool(np.ptp(correct.mean(axis=1)) == 0),
         "acc_by_ordering": (100.0 * correct.mean(axis=0)).tolist(),
         "rstd": float(np.std(kept, ddof=1)) if kept.size > 1 else 0.0,
         "rstd_ci": stats.percentile_ci(stats.recall_std_replicates(hits, totals, indices)),
@@ -111,6 +112,7 @@ def paired_metrics(x: dict[str, np.ndarray], y: dict[str, np.ndarray],
         "rescues": int((a & ~b).sum()),
         "harms": int((~a & b).sum()),
         "inside_noise": bool(ci[0] <= 0.0 <= ci[1]),
+        "ci_degenerate": bool(np.ptp(per_item) == 0),
     }
 
 

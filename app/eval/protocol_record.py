@@ -95,7 +95,7 @@ def _prompts(config: Any, n: int, runner: Any) -> dict[str, Any]:
         "self_consistency": cot_prompt_text(QUERY, labels, p.self_consistency.prompt),
     }
     out: dict[str, Any] = {"text": texts, "query_placeholder": QUERY}
-    if runner is not None:  # the chat-template rendering the model reads
+    if hasattr(runner, "adapter"):  # the chat-template rendering the model reads
         out["rendered"] = {k: runner.adapter.render(n, v) for k, v in texts.items()}
     return out
 

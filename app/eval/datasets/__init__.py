@@ -5,6 +5,8 @@
     coco       COCO captions JSON + image folder                  --data CAPTIONS --images DIR
                (+ --instances JSON for category sets)
     flickr     Flickr8k/30k captions file + image folder          --data CAPTIONS --images DIR
+    simulated  a score-level SIMULATION of the paper's regime     no files, no model
+               (its own backend: app.eval.datasets.simulated)
 
 Adversarial negatives of coco/flickr need ``--clip PATH`` (a local CLIP directory).
 """
@@ -16,9 +18,10 @@ from pathlib import Path
 
 from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
 
-DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr")
+DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr", "simulated")
 DEFAULT_SETTINGS: dict[str, str] = {
     "synthetic": "random", "jsonl": "given", "coco": "random", "flickr": "random",
+    "simulated": "adversarial",
 }  # fmt: skip
 
 
@@ -39,6 +42,10 @@ def open_dataset(
         from app.eval.datasets.synthetic import SyntheticDataset
 
         return SyntheticDataset(image_size) if image_size else SyntheticDataset()
+    if name == "simulated":
+        from app.eval.datasets.simulated import SimulatedDataset
+
+        return SimulatedDataset()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; use one of {DATASETS}")
     if data is None:
