@@ -75,6 +75,9 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     add("--calibration", type=int, default=5, help="M, calibration items" + d)
     add("--eval-seed", type=int, default=None,
         help="seed of the evaluation items (default: 3003 for synthetic, else 1)")  # fmt: skip
+    add("--item-seeds", type=int, nargs="+", default=None,
+        help="run once per evaluation-item seed; seeds.md: mean and range over them beside "
+        "the first seed's CI (app/eval/seeds.py)")  # fmt: skip
     add("--calibration-seed", type=int, default=None,
         help="seed of the calibration items (default: 2002 for synthetic, else 2)")  # fmt: skip
     add("--ordering-seed", type=int, default=0, help="seed of the orderings" + d)
@@ -119,6 +122,14 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
     add("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap" + d)
     add("--out", type=Path, default=Path("runs/eval"), help="output folder" + d)
     add("--quiet", action="store_true", help="no progress bar")
+    remote = p.add_argument_group("a running service instead of a model (app/eval/remote.py)")
+    remote.add_argument("--url", default=None,
+                        help="evaluate the service at URL (one /v1/retrieve with "
+                        "return_details per instance; calibrated by /v1/calibrate)")  # fmt: skip
+    remote.add_argument("--concurrency", type=int, default=8,
+                        help="requests in flight at once" + d)  # fmt: skip
+    remote.add_argument("--token", default=None, help="API token (Authorization: Bearer)")
+    remote.add_argument("--admin-token", default=None, help="admin token for /v1/calibrate")
     stream = p.add_argument_group("streaming mode (online calibration, README)")
     stream.add_argument("--stream", action="store_true", help="replay --items as traffic "
                         "(first -n and --setting) with feedback and online refresh")  # fmt: skip
@@ -157,19 +168,27 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     from app.eval.harness import run_evaluation
     from app.eval.protocol_record import resolve_layers
 
+    if config.dataset == "simulated" and not config.dry_run:
+        return _simulated(config)
+    if config.url is not None and not config.dry_run:
+        return _remote(config)
     config.layers = resolve_layers(config)
     if config.dry_run:
         run_evaluation(None, config)
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0
-    if config.dataset == "simulated":
-        return _simulated(config)
     from app.models.loader import load_runner
 
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
                          threads=config.threads)  # fmt: skip
     if config.stream:
         return _stream(runner, config)
+    if config.item_seeds:
+        from app.eval.seeds import run_seeds
+
+        run_seeds(runner, config, config.item_seeds)
+        print(f"{config.out}/seeds.md")
+        return 0
     _print(run_evaluation(runner, config), config)
     return 0
 
@@ -179,14 +198,45 @@ def _simulated(config: EvalConfig) -> int:
     from app.eval.datasets.simulated import SimulatedBackend
     from app.eval.harness import run_evaluation
 
+    if config.layers is not None:
+        raise SystemExit("lad eval: the simulation fixes its own Λ (15 layers); drop --layers")
+    if config.item_seeds:
+        from app.eval.seeds import run_seeds
+
+        run_seeds(SimulatedBackend(), config, config.item_seeds)
+        print(f"{config.out}/seeds.md (a SIMULATION)")
+        return 0
     needs_model = [m for m in config.methods if m in ("instruction", "cot", "self_consistency")]
     if needs_model or config.stream:
         what = ", ".join(needs_model) or "--stream"
         raise SystemExit(f"lad eval: the simulation has no text model for {what}; "
                          "use the score methods")  # fmt: skip
-    config.layers = None
     _print(run_evaluation(SimulatedBackend(), config), config)
     print("(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)")
+    return 0
+
+
+def _remote(config: EvalConfig) -> int:
+    """--url: the service's evidence instead of an in-process model."""
+    from app.client import LadClient
+    from app.eval.harness import run_evaluation
+    from app.eval.remote import RemoteBackend
+
+    needs_model = [m for m in config.methods if m in ("instruction", "cot", "self_consistency")]
+    if needs_model or config.stream or config.layers is not None:
+        what = ", ".join(needs_model) or "--stream / --layers"
+        raise SystemExit(f"lad eval --url: {what} need an in-process model; the service "
+                         "decides its prompt and Λ")  # fmt: skip
+    with LadClient(config.url, token=config.token, admin_token=config.admin_token,
+                   retries=5, timeout=600.0) as client:  # fmt: skip
+        backend = RemoteBackend(client, concurrency=config.concurrency)
+        if config.item_seeds:
+            from app.eval.seeds import run_seeds
+
+            run_seeds(backend, config, config.item_seeds)
+            print(f"{config.out}/seeds.md")
+            return 0
+        _print(run_evaluation(backend, config), config)
     return 0
 
 

@@ -97,6 +97,14 @@ def calibrate(
         "items": [i.id for i in items], "scores": scores.tolist(),
         "attention": attention.tolist(), "gt_positions": gt.tolist(),
     }  # fmt: skip
+    remote = getattr(runner, "service_calibration", None)
+    if remote is not None:  # --url: the service's own /v1/calibrate decides B and P
+        examples = [(i.query, [prepare_image(im, options) for im in i.images], i.answer)
+                    for i in items]  # fmt: skip
+        calibration = remote(examples, options.labels)
+        evidence["service"] = {"bias_matrix": calibration.bias_matrix.tolist(),
+                               "attention_prior": calibration.attention_prior.tolist()}  # fmt: skip
+        return calibration, evidence
     return estimate_calibration(scores, attention, gt), evidence
 
 

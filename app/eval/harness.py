@@ -38,6 +38,9 @@ from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg")
 
 
+SECRET_FLAGS = frozenset({"token", "admin_token"})
+
+
 @dataclass
 class EvalConfig:
     """Every flag of ``lad eval`` (see ``app.eval.cli`` for their help)."""
@@ -73,6 +76,11 @@ class EvalConfig:
     posterior_variant: str = MethodConfig.posterior_variant
     mixture: str = MethodConfig.mixture
     no_prior: bool = False
+    item_seeds: list[int] | None = None
+    url: str | None = None
+    concurrency: int = 8
+    token: str | None = None
+    admin_token: str | None = None
     zero_bias: bool = False
     all_layers: bool = False
     sink_guard: bool = MethodConfig.sink_guard
@@ -106,7 +114,9 @@ class EvalConfig:
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        """The flags for metrics.json (the tokens of --url never)."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()
+                if k not in SECRET_FLAGS}  # fmt: skip
 
     def protocol_spec(self) -> ProtocolSpec:
         """The protocol's settings with the flags that override them (None: keep)."""

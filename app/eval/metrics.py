@@ -84,6 +84,7 @@ def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
         "rstd_noise_floor": stats.rstd_noise_floor(acc, totals.sum(0), seed=seed),
         "cons": float(100.0 * consistent.mean()),
         "recall_by_position": _nullable(recall),
+        "recall_ci": stats.recall_cis(hits, totals, indices),
         "selection_by_position": selection.tolist(),
         "confusion": np.divide(
             100.0 * confusion, row, out=np.zeros_like(confusion), where=row > 0
