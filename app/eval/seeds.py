@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.eval.report import DEGENERATE, table
+from app.eval.report import DEGENERATE, SIMULATION_BANNER, table
 
 
 def _spread(values: Sequence[float]) -> dict[str, Any]:
@@ -70,7 +70,10 @@ def _ci(ci: Sequence[float], degenerate: bool = False, sign: bool = False) -> st
 def render(summary: dict[str, Any], command: str) -> str:
     """seeds.md: per (n, setting) the accuracy and the paired differences over the seeds."""
     seeds = summary["item_seeds"]
-    out = ["# lad eval over item seeds", "", "Produced by:", "", f"    {command}", "",
+    simulated = summary.get("dataset") == "simulated"
+    out = ["# lad eval over item seeds" + (" (SIMULATION)" if simulated else ""), "",
+           *([SIMULATION_BANNER, ""] if simulated else []),
+           "Produced by:", "", f"    {command}", "",
            f"Item seeds {', '.join(map(str, seeds))} ({len(seeds)} draws of the evaluation "
            "items; calibration items, orderings and bootstrap seeds fixed). Mean over the "
            f"seeds (min to max), beside the 95% item-bootstrap CI of seed {seeds[0]} alone: "
@@ -102,7 +105,7 @@ def run_seeds(runner: Any, config: Any, seeds: Sequence[int]) -> dict[str, Any]:
         sub = replace(config, eval_seed=seed, out=config.out / f"seed_{seed}", item_seeds=None)
         per_seed[seed] = run_evaluation(runner, sub)
     summary = summarise(per_seed)
-    summary["command"] = config.command
+    summary.update(command=config.command, dataset=config.dataset)
     (config.out / "seeds.json").write_text(json.dumps(summary, indent=1) + "\n")
     (config.out / "seeds.md").write_text(render(summary, config.command))
     return summary
