@@ -183,61 +183,55 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
                          threads=config.threads)  # fmt: skip
     if config.stream:
         return _stream(runner, config)
+    return _evaluate(runner, config)
+
+
+NEEDS_TEXT_MODEL = ("instruction", "cot", "self_consistency")
+"""Methods that prompt or generate with the loaded model itself (no remote or simulated run)."""
+
+
+def _evaluate(backend: Any, config: EvalConfig, note: str = "") -> int:
+    """One run, or one per --item-seeds with seeds.md, on a runner or another backend."""
+    from app.eval.harness import run_evaluation
+
     if config.item_seeds:
         from app.eval.seeds import run_seeds
 
-        run_seeds(runner, config, config.item_seeds)
-        print(f"{config.out}/seeds.md")
-        return 0
-    _print(run_evaluation(runner, config), config)
+        run_seeds(backend, config, config.item_seeds)
+        print(f"{config.out}/seeds.md {note}")
+    else:
+        _print(run_evaluation(backend, config), config)
+        print(note)
     return 0
+
+
+def _refuse(config: EvalConfig, where: str, also: bool, why: str) -> None:
+    """Exit with a clear message when a flag or method needs an in-process model."""
+    needs = [m for m in config.methods if m in NEEDS_TEXT_MODEL]
+    if needs or config.stream or also:
+        what = ", ".join(needs) or "--stream / --layers"
+        raise SystemExit(f"lad eval{where}: {what} need an in-process model; {why}")
 
 
 def _simulated(config: EvalConfig) -> int:
     """--dataset simulated: the score-level simulation's backend instead of a model."""
     from app.eval.datasets.simulated import SimulatedBackend
-    from app.eval.harness import run_evaluation
 
-    if config.layers is not None:
-        raise SystemExit("lad eval: the simulation fixes its own Λ (15 layers); drop --layers")
-    if config.item_seeds:
-        from app.eval.seeds import run_seeds
-
-        run_seeds(SimulatedBackend(), config, config.item_seeds)
-        print(f"{config.out}/seeds.md (a SIMULATION)")
-        return 0
-    needs_model = [m for m in config.methods if m in ("instruction", "cot", "self_consistency")]
-    if needs_model or config.stream:
-        what = ", ".join(needs_model) or "--stream"
-        raise SystemExit(f"lad eval: the simulation has no text model for {what}; "
-                         "use the score methods")  # fmt: skip
-    _print(run_evaluation(SimulatedBackend(), config), config)
-    print("(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)")
-    return 0
+    _refuse(config, " --dataset simulated", config.layers is not None,
+            "the simulation has no text model and fixes its own Λ (15 layers)")  # fmt: skip
+    return _evaluate(SimulatedBackend(), config,
+                     "(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)")
 
 
 def _remote(config: EvalConfig) -> int:
     """--url: the service's evidence instead of an in-process model."""
     from app.client import LadClient
-    from app.eval.harness import run_evaluation
     from app.eval.remote import RemoteBackend
 
-    needs_model = [m for m in config.methods if m in ("instruction", "cot", "self_consistency")]
-    if needs_model or config.stream or config.layers is not None:
-        what = ", ".join(needs_model) or "--stream / --layers"
-        raise SystemExit(f"lad eval --url: {what} need an in-process model; the service "
-                         "decides its prompt and Λ")  # fmt: skip
+    _refuse(config, " --url", config.layers is not None, "the service decides its prompt and Λ")
     with LadClient(config.url, token=config.token, admin_token=config.admin_token,
                    retries=5, timeout=600.0) as client:  # fmt: skip
-        backend = RemoteBackend(client, concurrency=config.concurrency)
-        if config.item_seeds:
-            from app.eval.seeds import run_seeds
-
-            run_seeds(backend, config, config.item_seeds)
-            print(f"{config.out}/seeds.md")
-            return 0
-        _print(run_evaluation(backend, config), config)
-    return 0
+        return _evaluate(RemoteBackend(client, concurrency=config.concurrency), config)
 
 
 def _print(metrics: dict[str, Any], config: EvalConfig) -> None:

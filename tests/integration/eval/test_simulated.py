@@ -68,5 +68,5 @@ def test_ablation_flags(tmp_path) -> None:
 
 
 def test_the_command_refuses_methods_that_need_a_text_model(tmp_path) -> None:
-    with pytest.raises(SystemExit, match="no text model"):
+    with pytest.raises(SystemExit, match="in-process model"):
         cli.main(["--dataset", "simulated", "--methods", "agd", "cot", "--out", str(tmp_path)])
