@@ -44,6 +44,13 @@ def _ci(ci: Sequence[float]) -> str:
     return f"{text} ({DEGENERATE})" if ci[1] - ci[0] < 1e-9 else text
 
 
+ORDERINGS_NOTE = {
+    "ours": "Every item is shown with its GT at every position equally often (balanced "
+    "orderings: random base permutations, each with its N cyclic shifts).",
+    "paper": "Every item is shown under the same T orderings, the identity and T - 1 random "
+    "permutations (the authors' protocol; protocol.json lists them).",
+}
+
 PERM_AVG_NOTE = {
     "ours": "perm_avg averages the N cyclic rotations of what it is shown, and the orderings "
     "of one base permutation are those same rotations, so with T = N its answer per image "
@@ -79,8 +86,7 @@ def header(metrics: dict[str, Any]) -> str:
         "evaluation items (checked by target image)",
         f"- wall-clock {c['wall_s']} s", "",
         "Acc: % of (item, ordering) instances answered correctly, with the 95% item-bootstrap "
-        "CI. Every item is shown with its GT at every position equally often (balanced "
-        "orderings: random base permutations, each with its N cyclic shifts). RStd: sample std "
+        "CI. " + ORDERINGS_NOTE[protocol] + " RStd: sample std "
         "of the recall per GT position; its *noise floor* is the RStd a position-independent "
         "method with the same accuracy shows at these counts (binomial), so an RStd near its "
         "floor is no evidence of position bias. Cons: % of items answered with the same image "
