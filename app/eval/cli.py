@@ -16,6 +16,7 @@ Heavy imports (torch, transformers, matplotlib) happen after parsing, so --help 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -175,6 +176,12 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     config.layers = resolve_layers(config)
     if config.dry_run:
         run_evaluation(None, config)
+        doc = json.loads((config.out / "protocol.json").read_text())
+        for run in doc["runs"]:
+            f = run["forward_passes"]
+            exact = f"{f['total']}" if f["total"] is not None else f"at most {f['total_at_most']}"
+            print(f"N={run['n']} {run['setting']}: {len(run['items'])} items x "
+                  f"{run['orderings']['count']} orderings, {exact} forward passes")  # fmt: skip
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0
     from app.models.loader import load_runner
