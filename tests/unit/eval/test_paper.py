@@ -72,3 +72,16 @@ def test_paper_prompts_byte_for_byte() -> None:
         'reasoning, provide the final answer in the exact format: "The answer is <index>".\n'
         "Caption: a cat\nAnswer: "
     )
+
+
+def test_vanilla_and_instruction_prompts_are_the_authors() -> None:
+    from app.engine.prompts import prompt_text
+
+    intro = ("Given 4 images indexed from 1 to 4, identify the image that best matches the "
+             "provided caption.")  # fmt: skip
+    tail = " Respond with the index number only and nothing else.\nCaption: a cat\nAnswer: "
+    assert prompt_text("a cat", DIGITS) == intro + tail
+    fair = (" Please note that the provided images have been randomly shuffled, so it is "
+            "essential to consider them fairly and without bias. Analyze the visual content "
+            "objectively and do not be influenced by the order of the images.")  # fmt: skip
+    assert prompt_text("a cat", DIGITS, "instruction") == intro + fair + tail
