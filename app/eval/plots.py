@@ -85,7 +85,7 @@ def accuracy_vs_n_figure(runs: list[dict[str, Any]], setting: str, path: Path) -
     methods = list(dict.fromkeys(m for r in runs for m in r["methods"]))
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
     ns = sorted({r["n"] for r in runs})
-    step = 0.6 * min((b - a for a, b in itertools.pairwise(ns)), default=1) / len(methods)
+    step = 0.2 * min((b - a for a, b in itertools.pairwise(ns)), default=1) / len(methods)
     for k, method in enumerate(methods):
         points = [(r["n"], r["methods"][method]) for r in runs if method in r["methods"]]
         dodge = (k - (len(methods) - 1) / 2) * step  # error bars of one N side by side
