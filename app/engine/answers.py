@@ -2,7 +2,8 @@
 
 ``cot`` asks for reasoning first and a final "The answer is <label>"; ``self_consistency``
 samples several such paths and takes the majority of the parsed answers. The wording is
-a setting (``LAD_COT_PROMPT``); ``DEFAULT_COT_PROMPT`` is the one the demo tokenizer knows.
+a setting (``LAD_COT_PROMPT``); ``DEFAULT_COT_PROMPT`` names no label position.
+``parse_answer_paper`` is the authors' reading of a generated answer (the "paper" protocol).
 Torch-free: the parser and the vote are pure functions over strings and integers.
 """
 
@@ -16,12 +17,13 @@ from app.engine.labels import label_phrases
 
 DEFAULT_COT_PROMPT = (
     "Given {n} images {range}, identify the image that best matches the provided caption. "
-    "Think step by step first, then give your final answer as \"The answer is {last}\" "
-    "with {noun} of the image.\n"
+    'Think step by step first, then end with the sentence "The answer is" followed by '
+    "{noun} of the matching image.\n"
     "Caption: {query}\n"
     "Answer: "
 )
-"""The CoT / self-consistency text part (the N images come first, as in §2.6)."""
+"""The CoT / self-consistency text part (the N images come first, as in §2.6). It names no
+label: an example answer such as "The answer is 4" would prime the last position."""
 
 SELF_CONSISTENCY_SAMPLES = 10
 SELF_CONSISTENCY_TEMPERATURE = 0.7
@@ -34,9 +36,7 @@ _ANSWER_IS = re.compile(
 _WORD = re.compile(r"[A-Za-z0-9]+")
 
 
-def cot_prompt_text(
-    query: str, labels: Sequence[str], template: str = DEFAULT_COT_PROMPT
-) -> str:
+def cot_prompt_text(query: str, labels: Sequence[str], template: str = DEFAULT_COT_PROMPT) -> str:
     """The text part of a CoT prompt for N = len(labels) images."""
     labels = list(labels)
     range_phrase, noun = label_phrases(labels)
@@ -73,6 +73,22 @@ def parse_answer(text: str, labels: Sequence[str]) -> int | None:
         return _label_index(words[0], labels)
     named = {i for w in words if (i := _label_index(w, labels)) is not None and w in labels}
     return named.pop() if len(named) == 1 else None
+
+
+_PAPER_ANSWER_IS = re.compile(r"[Tt]he answer is\s*(\d+)")
+_NUMBER = re.compile(r"\d+")
+
+
+def parse_answer_paper(text: str, labels: Sequence[str], *, answer_is: bool = True) -> int | None:
+    """The authors' parser (digit labels): the first "The answer is <d>" when ``answer_is``
+    (self-consistency), else, or when it names no label, the last number in the text that
+    is a label; None when there is none."""
+    if answer_is:
+        match = _PAPER_ANSWER_IS.search(text)
+        if match and match.group(1) in labels:
+            return list(labels).index(match.group(1))
+    valid = [w for w in _NUMBER.findall(text) if w in labels]
+    return list(labels).index(valid[-1]) if valid else None
 
 
 def majority_vote(answers: Sequence[int | None], n: int) -> tuple[int | None, list[float]]:

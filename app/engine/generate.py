@@ -9,10 +9,13 @@ prompt layout as the runner, through ``model.generate()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from app.engine.answers import DEFAULT_COT_PROMPT, cot_prompt_text, parse_answer
 from app.engine.interface import RetrievalItem
@@ -43,9 +46,16 @@ def generate_answers(
     samples: int = 1,
     temperature: float = 0.0,
     max_new_tokens: int = 64,
+    top_k: int = 0,
+    top_p: float = 1.0,
     seed: int = 0,
 ) -> list[Generation]:
     """``samples`` generations per item of one batch (greedy when temperature is 0).
+
+    Every decoding setting is passed explicitly and the checkpoint's generation_config is
+    set aside for the call (``explicit_generation``): released checkpoints ship settings
+    such as top_k=1, which would collapse the samples to one path. top_k = 0 and
+    top_p = 1 filter nothing.
 
     ``forward_passes`` counts the model calls of each item's sequences (one per generated
     token and sample; the first includes the prompt). Sampling is seeded by ``seed`` so a
@@ -65,14 +75,12 @@ def generate_answers(
     kwargs = {k: v for k, v in adapter.prompt_kwargs(batch).items() if k != "position_ids"}
     end = adapter.end_token_id()
     pad = adapter.tokenizer.pad_token_id
-    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {
-        "do_sample": False
-    }
+    settings = decoding_settings(temperature, top_k, top_p, max_new_tokens)
     torch.manual_seed(seed)
-    with torch.inference_mode():
+    with torch.inference_mode(), explicit_generation(runner.model):
         out = runner.model.generate(
-            **kwargs, max_new_tokens=max_new_tokens, num_return_sequences=samples,
-            eos_token_id=end, pad_token_id=end if pad is None else pad, **sampling,
+            **kwargs, num_return_sequences=samples, eos_token_id=end,
+            pad_token_id=end if pad is None else pad, **settings,
         )  # fmt: skip
     new = out[:, batch.input_ids.shape[1] :]
     elapsed = (time.perf_counter() - start) * 1e3
@@ -90,6 +98,34 @@ def generate_answers(
             )
         )
     return results
+
+
+def decoding_settings(
+    temperature: float, top_k: int, top_p: float, max_new_tokens: int
+) -> dict[str, Any]:
+    """The keyword arguments of ``generate`` for one baseline: sampling at ``temperature``
+    (> 0) with top-k / top-p, or greedy; every value set, none left to a config."""
+    if max_new_tokens < 1 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError("need max_new_tokens >= 1, top_k >= 0 and 0 < top_p <= 1")
+    if temperature <= 0:  # greedy: the sampling filters do not apply
+        return {"do_sample": False, "max_new_tokens": int(max_new_tokens), "num_beams": 1}
+    return {
+        "do_sample": True, "temperature": float(temperature), "top_k": int(top_k),
+        "top_p": float(top_p), "max_new_tokens": int(max_new_tokens), "num_beams": 1,
+    }  # fmt: skip
+
+
+@contextmanager
+def explicit_generation(model: Any) -> Iterator[None]:
+    """Set the model's generation_config aside (a plain ``GenerationConfig()``) for one call:
+    transformers fills every unset value from it, so a checkpoint's min_p, repetition
+    penalty or top_k would otherwise reach the baselines."""
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 def _lengths(new_tokens: torch.Tensor, end: int) -> list[int]:

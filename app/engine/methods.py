@@ -61,11 +61,14 @@ def apply_method(
     calibration: Calibration | None = None,
     config: MethodConfig = MethodConfig(),
     rotated_scores: Sequence[Any] | None = None,
+    orders: Sequence[Sequence[int]] | None = None,
 ) -> MethodOutput:
     """The answer of ``method`` for one instance or a batch.
 
     ``rotated_scores`` (perm_avg only): the scores of the N cyclic rotations, rotation r at
     index r, in position order ((N, N), or (B, N, N) for a batch); rotation 0 is ``scores``.
+    ``orders`` (perm_avg only, default the N rotations): the K orderings those scores were
+    taken under (order k shows image ``orders[k][p]`` at position p), then (K, N) or (B, K, N).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
@@ -73,7 +76,7 @@ def apply_method(
     if method == "vanilla":
         return MethodOutput(debias.softmax(s))
     if method == "perm_avg":
-        return _perm_avg(s, rotated_scores)
+        return _perm_avg(s, rotated_scores, orders)
     if method == "attn_raw":
         readout = debias.raw_attention_readout(attention, top_k=config.top_k)
         total = readout.sum(axis=-1, keepdims=True)
@@ -102,13 +105,15 @@ def _posterior(attention: Any, calibration: Calibration, config: MethodConfig) -
     )  # fmt: skip
 
 
-def _perm_avg(scores: np.ndarray, rotated_scores: Sequence[Any] | None) -> MethodOutput:
-    """Scores of the N rotations mapped back to image identity and averaged (§2.5)."""
+def _perm_avg(scores: np.ndarray, rotated_scores: Sequence[Any] | None,
+              orders: Sequence[Sequence[int]] | None) -> MethodOutput:  # fmt: skip
+    """Scores of the N rotations (or of ``orders``) mapped back to image identity and
+    averaged (§2.5)."""
     if rotated_scores is None:
         raise ValueError("perm_avg needs the scores of all N cyclic rotations")
     rotated = np.asarray(rotated_scores, dtype=np.float64)
     n = scores.shape[-1]
-    perms = debias.rotations(n)
+    perms = debias.rotations(n) if orders is None else [list(o) for o in orders]
     if rotated.ndim == 2:
         d = debias.permutation_average(rotated, perms)
     else:

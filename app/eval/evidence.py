@@ -13,16 +13,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from app.engine import debias
-from app.engine.answers import SELF_CONSISTENCY_SAMPLES, SELF_CONSISTENCY_TEMPERATURE
 from app.engine.calibrate import Calibration, calibration_instances, estimate_calibration
 from app.engine.interface import RetrievalItem
 from app.engine.methods import METHODS, MULTI_PASS, MethodConfig, apply_method, passes
 from app.eval.datasets import EvalItem, open_image
+from app.eval.paper import OURS, GenerationSpec
 from app.eval.protocol import apply_ordering, gt_positions
 from app.eval.records import make_record
 
@@ -46,11 +48,26 @@ class Options:
     labels: str = "digits"
     batch_size: int = 16
     config: MethodConfig = field(default_factory=MethodConfig)
-    cot_prompt: str | None = None
-    cot_max_new_tokens: int = 64
-    samples: int = SELF_CONSISTENCY_SAMPLES
-    temperature: float = SELF_CONSISTENCY_TEMPERATURE
+    image_size: tuple[int, int] | None = None  # every image resized to (w, h), bicubic
+    perm_orders: np.ndarray | None = None  # (K, N) perm_avg orders, identity first; None: cyclic
+    cot: GenerationSpec = OURS.cot
+    self_consistency: GenerationSpec = OURS.self_consistency
     generation_seed: int = 0
+
+
+def prepare_image(image: Any, options: Options) -> Image.Image:
+    """The image as the protocol shows it: opened, and resized when the protocol says so
+    (a simulated candidate is no image: it goes to the simulated backend as it is)."""
+    if not isinstance(image, Image.Image | Path | str):
+        return image
+    im = open_image(image)
+    if options.image_size is not None and im.size != tuple(options.image_size):
+        im = im.resize(tuple(options.image_size), Image.Resampling.BICUBIC)
+    return im
+
+
+def _items(chunk: Sequence[Instance], options: Options) -> list[RetrievalItem]:
+    return [RetrievalItem(q, [prepare_image(im, options) for im in images]) for q, images in chunk]
 
 
 def forward(
@@ -61,8 +78,7 @@ def forward(
     for start in range(0, len(instances), options.batch_size):
         chunk = instances[start : start + options.batch_size]
         began = time.perf_counter()
-        items = [RetrievalItem(q, [open_image(im) for im in images]) for q, images in chunk]
-        out = runner.forward(items, options.labels)
+        out = runner.forward(_items(chunk, options), options.labels)
         share = (time.perf_counter() - began) * 1e3 / len(chunk)
         scores.extend(out.scores)
         attention.extend(out.attention)
@@ -81,6 +97,14 @@ def calibrate(
         "items": [i.id for i in items], "scores": scores.tolist(),
         "attention": attention.tolist(), "gt_positions": gt.tolist(),
     }  # fmt: skip
+    remote = getattr(runner, "service_calibration", None)
+    if remote is not None:  # --url: the service's own /v1/calibrate decides B and P
+        examples = [(i.query, [prepare_image(im, options) for im in i.images], i.answer)
+                    for i in items]  # fmt: skip
+        calibration = remote(examples, options.labels)
+        evidence["service"] = {"bias_matrix": calibration.bias_matrix.tolist(),
+                               "attention_prior": calibration.attention_prior.tolist()}  # fmt: skip
+        return calibration, evidence
     return estimate_calibration(scores, attention, gt), evidence
 
 
@@ -99,13 +123,15 @@ class Run:
     def gt(self) -> np.ndarray:
         return gt_positions([i.answer for i in self.items], self.orderings)
 
-    def instances(self, shift: int = 0) -> list[Instance]:
-        """(query, images) of every (item, ordering), row-major, rotated by ``shift``."""
-        return [
-            (item.query, debias.rotate(apply_ordering(item.images, perm), shift))
-            for item, perms in zip(self.items, self.orderings, strict=True)
-            for perm in perms
-        ]
+    def instances(self, then: Sequence[int] | None = None) -> list[Instance]:
+        """(query, images) of every (item, ordering), row-major; ``then`` reorders the shown
+        images once more (a perm_avg order: position p shows shown[then[p]])."""
+        out = []
+        for item, perms in zip(self.items, self.orderings, strict=True):
+            for perm in perms:
+                shown = apply_ordering(item.images, perm)
+                out.append((item.query, shown if then is None else apply_ordering(shown, then)))
+        return out
 
     def add(self, method: str, probabilities: np.ndarray, passes_: int, ms: np.ndarray,
             predicted: Sequence[int | None] | None = None,
@@ -116,12 +142,19 @@ class Run:
         for r, p in enumerate(probabilities):
             i, o = divmod(r, t)
             pred = int(np.argmax(p)) if predicted is None else predicted[r]
-            self.records.append(make_record(
+            self.records.append(self._images(i, o) | make_record(
                 item=self.items[i].id, n=self.n, setting=self.setting, dataset=self.dataset,
                 ordering=o, order=self.orderings[i, o], method=method, gt_position=gt[r],
                 probabilities=p, predicted_position=pred, forward_passes=passes_,
                 latency_ms=ms[r], generation=None if generations is None else generations[r],
             ))  # fmt: skip
+
+    def _images(self, i: int, o: int) -> dict[str, Any]:
+        """``images``: the file names in the order shown, when the candidates are files."""
+        shown = apply_ordering(self.items[i].images, self.orderings[i, o])
+        if all(isinstance(im, Path) for im in shown):
+            return {"images": [im.name for im in shown]}
+        return {}
 
 
 def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequence[str],
@@ -130,20 +163,31 @@ def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequ
     if not any(m in METHODS for m in methods):
         return
     scores, attention, ms = forward(runner, run.instances(), options, tick)
+    orders = perm_avg_orders(run.n, options)
     rotated = None
     if "perm_avg" in methods:
         rotated = [scores] + [
-            forward(runner, run.instances(shift), options, tick)[0] for shift in range(1, run.n)
+            forward(runner, run.instances(order), options, tick)[0] for order in orders[1:]
         ]
     for method in (m for m in EVAL_METHODS if m in methods and m in METHODS):
         began = time.perf_counter()
         out = apply_method(
             method, scores, attention, calibration, options.config,
             rotated_scores=None if rotated is None else np.stack(rotated, axis=1),
+            orders=orders.tolist(),
         )  # fmt: skip
         method_ms = (time.perf_counter() - began) * 1e3 / len(scores)
-        cost = ms * passes(method, run.n) + method_ms if method in MULTI_PASS else ms + method_ms
-        run.add(method, out.probabilities, passes(method, run.n), cost)
+        cost_passes = len(orders) if method in MULTI_PASS else passes(method, run.n)
+        run.add(method, out.probabilities, cost_passes, ms * cost_passes + method_ms)
+
+
+def perm_avg_orders(n: int, options: Options) -> np.ndarray:
+    """(K, N): the orders perm_avg averages over, identity first (default: the N rotations)."""
+    orders = np.asarray(debias.rotations(n) if options.perm_orders is None
+                        else options.perm_orders, dtype=np.int64)  # fmt: skip
+    if orders.shape[1:] != (n,) or list(orders[0]) != list(range(n)):
+        raise ValueError(f"perm_avg orders must be (K, {n}) with the identity first")
+    return orders
 
 
 def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
@@ -157,27 +201,35 @@ def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
 
 
 def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick) -> None:
-    """cot (greedy, one path) or self_consistency (samples at T, majority vote)."""
-    from app.engine.answers import DEFAULT_COT_PROMPT, majority_vote
+    """cot (one path) or self_consistency (samples, majority vote) under the protocol's
+    GenerationSpec: its prompt, budget, sampling settings and answer parser."""
+    from app.engine.answers import majority_vote, parse_answer_paper
     from app.engine.generate import generate_answers
+    from app.engine.labels import resolve_labels
 
-    many = method == "self_consistency"
+    g_spec = options.self_consistency if method == "self_consistency" else options.cot
+    labels = resolve_labels(options.labels, run.n)
     instances = run.instances()
     probabilities, predicted, generations, ms, cost = [], [], [], [], []
     for start in range(0, len(instances), options.batch_size):
         chunk = instances[start : start + options.batch_size]
-        items = [RetrievalItem(q, [open_image(im) for im in images]) for q, images in chunk]
         outs = generate_answers(
-            runner, items, options.labels, template=options.cot_prompt or DEFAULT_COT_PROMPT,
-            samples=options.samples if many else 1,
-            temperature=options.temperature if many else 0.0,
-            max_new_tokens=options.cot_max_new_tokens, seed=options.generation_seed + start,
+            runner, _items(chunk, options), options.labels, template=g_spec.prompt,
+            samples=g_spec.samples, temperature=g_spec.temperature if g_spec.do_sample else 0.0,
+            max_new_tokens=g_spec.max_new_tokens, top_k=g_spec.top_k, top_p=g_spec.top_p,
+            seed=options.generation_seed + start,
         )  # fmt: skip
         for g in outs:
-            winner, shares = majority_vote(g.answers, run.n)
+            answers = g.answers
+            if g_spec.parser == "paper":
+                answers = [parse_answer_paper(t, labels, answer_is=method == "self_consistency")
+                           for t in g.texts]  # fmt: skip
+            winner, shares = majority_vote(answers, run.n)
+            if winner is None and g_spec.no_vote == "first":  # the authors answer "1"
+                winner = 0
             probabilities.append(shares)
             predicted.append(winner)
-            generations.append({"answers": g.answers, "text": g.texts[0]})
+            generations.append({"answers": answers, "text": g.texts[0]})
             ms.append(g.latency_ms)
             cost.append(g.forward_passes)
         tick(len(chunk))
@@ -188,8 +240,10 @@ def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick)
         record["forward_passes"] = int(passes_)
 
 
-def planned_forwards(methods: Sequence[str], n: int, instances: int, calibration: int) -> int:
-    """Instances the progress bar counts for one run (forwards, or generations)."""
+def planned_forwards(methods: Sequence[str], n: int, instances: int, calibration: int,
+                     perm_orders: int | None = None) -> int:  # fmt: skip
+    """Instances the progress bar counts for one run (forwards, or generations);
+    ``perm_orders``: K orders of perm_avg (default N)."""
     total = calibration * n + (instances if any(m in METHODS for m in methods) else 0)
-    total += instances * (n - 1) if "perm_avg" in methods else 0
+    total += instances * ((perm_orders or n) - 1) if "perm_avg" in methods else 0
     return total + instances * sum(m in methods for m in (*PROMPT_METHODS, *GENERATION_METHODS))

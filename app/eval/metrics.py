@@ -77,12 +77,14 @@ def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
     out: dict[str, Any] = {
         "acc": float(acc),
         "acc_ci": stats.mean_ci(100.0 * correct.mean(axis=1), indices),
+        "acc_ci_degenerate": bool(np.ptp(correct.mean(axis=1)) == 0),
         "acc_by_ordering": (100.0 * correct.mean(axis=0)).tolist(),
         "rstd": float(np.std(kept, ddof=1)) if kept.size > 1 else 0.0,
         "rstd_ci": stats.percentile_ci(stats.recall_std_replicates(hits, totals, indices)),
         "rstd_noise_floor": stats.rstd_noise_floor(acc, totals.sum(0), seed=seed),
         "cons": float(100.0 * consistent.mean()),
         "recall_by_position": _nullable(recall),
+        "recall_ci": stats.recall_cis(hits, totals, indices),
         "selection_by_position": selection.tolist(),
         "confusion": np.divide(
             100.0 * confusion, row, out=np.zeros_like(confusion), where=row > 0
@@ -111,6 +113,7 @@ def paired_metrics(x: dict[str, np.ndarray], y: dict[str, np.ndarray],
         "rescues": int((a & ~b).sum()),
         "harms": int((~a & b).sum()),
         "inside_noise": bool(ci[0] <= 0.0 <= ci[1]),
+        "ci_degenerate": bool(np.ptp(per_item) == 0),
     }
 
 

@@ -7,6 +7,7 @@ several N: accuracy vs N with the item-bootstrap 95% CIs (the paper's figure 5).
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -58,16 +59,21 @@ def recall_figure(run: dict[str, Any], path: Path) -> None:
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * n + 3), 3.4))
     for k, method in enumerate(methods):
-        recall = [r if r is not None else 0.0 for r in run["methods"][method]["recall_by_position"]]
+        m = run["methods"][method]
+        recall = [r if r is not None else 0.0 for r in m["recall_by_position"]]
+        cis = m.get("recall_ci") or [None] * n
+        err = [[r - ci[0] if ci else 0.0 for r, ci in zip(recall, cis, strict=True)],
+               [ci[1] - r if ci else 0.0 for r, ci in zip(recall, cis, strict=True)]]  # fmt: skip
         ax.bar([j + (k - (len(methods) - 1) / 2) * width for j in range(n)], recall, width,
-               label=method)  # fmt: skip
+               yerr=err, capsize=2, error_kw={"elinewidth": 0.8}, label=method)  # fmt: skip
+    ax.axhline(100.0 / n, color="k", linestyle=":", linewidth=1, label=f"chance (1/{n})")
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
     ax.set_xlabel("GT position")
     ax.set_ylabel("recall (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(f"Recall by GT position, N={n}, {run['setting']}")
-    ax.legend(fontsize=7, ncol=min(len(methods), 5), loc="upper center",
-              bbox_to_anchor=(0.5, -0.18))  # fmt: skip
+    ax.set_title(f"Recall by GT position, N={n}, {run['setting']} (95% item-bootstrap CI)",
+                 fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -77,20 +83,24 @@ def accuracy_vs_n_figure(runs: list[dict[str, Any]], setting: str, path: Path) -
     plt = _pyplot()
     runs = sorted(runs, key=lambda r: r["n"])
     methods = list(dict.fromkeys(m for r in runs for m in r["methods"]))
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for method in methods:
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    ns = sorted({r["n"] for r in runs})
+    step = 0.2 * min((b - a for a, b in itertools.pairwise(ns)), default=1) / len(methods)
+    for k, method in enumerate(methods):
         points = [(r["n"], r["methods"][method]) for r in runs if method in r["methods"]]
-        xs = [x for x, _ in points]
+        dodge = (k - (len(methods) - 1) / 2) * step  # error bars of one N side by side
+        xs = [x + dodge for x, _ in points]
         ys = [m["acc"] for _, m in points]
         err = [[m["acc"] - m["acc_ci"][0] for _, m in points],
                [m["acc_ci"][1] - m["acc"] for _, m in points]]  # fmt: skip
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
-    ax.plot(xs, [100.0 / x for x in xs], "k:", label="chance")
+        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, label=method)
+    ax.plot(ns, [100.0 / x for x in ns], "k:", label="chance (1/N)")
     ax.set_xlabel("N (candidate images)")
     ax.set_ylabel("accuracy (%)")
     ax.set_xticks(sorted({r["n"] for r in runs}))
-    ax.set_title(f"Accuracy vs N, {setting} (95% item-bootstrap CI)")
-    ax.legend(fontsize=7)
+    ax.set_title(f"Accuracy vs N, {setting} (95% item-bootstrap CI)", fontsize=9)
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

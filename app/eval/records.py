@@ -6,6 +6,7 @@ Keys (the interface of issue 8; users and tests rely on them):
     n, setting, dataset  the run
     ordering             index of the ordering among the item's T orderings
     order                the permutation: order[p] = the item's original candidate at position p
+    images               file names in the order shown (file-based datasets only)
     method               vanilla, pride, attn_raw, attn_pure, agd, perm_avg, instruction, cot,
                          self_consistency
     gt_position          0-based position of the matching image in this ordering

@@ -28,8 +28,37 @@ def _f(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+DEGENERATE = "degenerate: every item scores the same, e.g. a constant predictor"
+
+SIMULATION_BANNER = (
+    "> **SIMULATION.** These numbers come from `--dataset simulated`, a seeded score-level "
+    "simulation of the paper's regime (app/eval/datasets/simulated.py), not from a model. "
+    "They show what each stage of the method does when its premises hold, through the same "
+    "calibration and method code as the service."
+)
+
+
 def _ci(ci: Sequence[float]) -> str:
-    return f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+    """[lo, hi]; a zero-width interval is flagged: it is no precision, only no spread."""
+    text = f"[{ci[0]:.1f}, {ci[1]:.1f}]"
+    return f"{text} ({DEGENERATE})" if ci[1] - ci[0] < 1e-9 else text
+
+
+ORDERINGS_NOTE = {
+    "ours": "Every item is shown with its GT at every position equally often (balanced "
+    "orderings: random base permutations, each with its N cyclic shifts).",
+    "paper": "Every item is shown under the same T orderings, the identity and T - 1 random "
+    "permutations (the authors' protocol; protocol.json lists them).",
+}
+
+PERM_AVG_NOTE = {
+    "ours": "perm_avg averages the N cyclic rotations of what it is shown, and the orderings "
+    "of one base permutation are those same rotations, so with T = N its answer per image "
+    "is identical under every ordering (Cons 100, RStd 0 by construction).",
+    "paper": "perm_avg averages 16 random orders (identity first) of what it is shown "
+    "(protocol.json lists them); the T orderings are shared by every item, so GT positions "
+    "are balanced only in expectation.",
+}
 
 
 def header(metrics: dict[str, Any]) -> str:
@@ -40,8 +69,12 @@ def header(metrics: dict[str, Any]) -> str:
              f"bootstrap {b['seed']} ({b['samples']} item resamples)")  # fmt: skip
     layers = ", ".join(str(x) for x in c["layers"])
     prior = "none (--no-prior)" if c["no_prior"] else "divided (§2.4)"
+    protocol = c.get("protocol", "ours")
+    banner = [SIMULATION_BANNER, ""] if c["dataset"] == "simulated" else []
     return "\n".join([
-        "# lad eval report", "", "Produced by:", "", f"    {c['command']}", "",
+        "# lad eval report" + (" (SIMULATION)" if banner else ""), "", *banner,
+        "Produced by:", "", f"    {c['command']}", "",
+        f"- protocol `{protocol}` (every setting in protocol.json; design §2.11)",
         f"- model `{c['model']}`, dataset `{c['dataset']}`, methods {', '.join(c['methods'])}",
         f"- seeds: {seeds} (synthetic defaults: the demo world's eval and calibration "
         "splits, 3003 and 2002; the demo model was trained on split 1001)",
@@ -53,16 +86,13 @@ def header(metrics: dict[str, Any]) -> str:
         "evaluation items (checked by target image)",
         f"- wall-clock {c['wall_s']} s", "",
         "Acc: % of (item, ordering) instances answered correctly, with the 95% item-bootstrap "
-        "CI. Every item is shown with its GT at every position equally often (balanced "
-        "orderings: random base permutations, each with its N cyclic shifts). RStd: sample std "
+        "CI. " + ORDERINGS_NOTE[protocol] + " RStd: sample std "
         "of the recall per GT position; its *noise floor* is the RStd a position-independent "
         "method with the same accuracy shows at these counts (binomial), so an RStd near its "
         "floor is no evidence of position bias. Cons: % of items answered with the same image "
         "under all orderings. Paired differences are on the same items and orderings; "
-        "\"inside noise\" means the 95% CI contains 0. perm_avg averages the N cyclic "
-        "rotations of what it is shown, and the orderings of one base permutation are those "
-        "same rotations, so with T = N its answer per image is identical under every ordering "
-        "(Cons 100, RStd 0 by construction). Every figure is recomputable from "
+        "\"inside noise\" means the 95% CI contains 0. A zero-width CI is flagged as "
+        "degenerate. " + PERM_AVG_NOTE[protocol] + " Every figure is recomputable from "
         "predictions.jsonl (the calibration block from calibration.json).", "",
     ])  # fmt: skip
 

@@ -40,6 +40,18 @@ def mean_ci(per_item: Any, indices: np.ndarray, level: float = LEVEL) -> list[fl
     return percentile_ci(x[indices].mean(axis=1), level)
 
 
+def recall_cis(hits: Any, totals: Any, indices: np.ndarray, level: float = LEVEL
+               ) -> list[list[float] | None]:  # fmt: skip
+    """Item-bootstrap CI (%) of the recall at each GT position (None: never the GT there)."""
+    h = np.asarray(hits, dtype=float)[indices].sum(axis=1)
+    c = np.asarray(totals, dtype=float)[indices].sum(axis=1)
+    out: list[list[float] | None] = []
+    for j in range(h.shape[1]):
+        seen = c[:, j] > 0
+        out.append(percentile_ci(100.0 * h[seen, j] / c[seen, j], level) if seen.any() else None)
+    return out
+
+
 def recall_std_replicates(hits: Any, totals: Any, indices: np.ndarray) -> np.ndarray:
     """RStd (%) of each bootstrap replicate from per-item hits and GT counts per position (I, N)."""
     h = np.asarray(hits, dtype=float)[indices].sum(axis=1)

@@ -5,6 +5,8 @@
     coco       COCO captions JSON + image folder                  --data CAPTIONS --images DIR
                (+ --instances JSON for category sets)
     flickr     Flickr8k/30k captions file + image folder          --data CAPTIONS --images DIR
+    simulated  a score-level SIMULATION of the paper's regime     no files, no model
+               (its own backend: app.eval.datasets.simulated)
 
 Adversarial negatives of coco/flickr need ``--clip PATH`` (a local CLIP directory).
 """
@@ -16,9 +18,10 @@ from pathlib import Path
 
 from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
 
-DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr")
+DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr", "simulated")
 DEFAULT_SETTINGS: dict[str, str] = {
     "synthetic": "random", "jsonl": "given", "coco": "random", "flickr": "random",
+    "simulated": "adversarial",
 }  # fmt: skip
 
 
@@ -31,12 +34,18 @@ def open_dataset(
     clip: Path | None = None,
     cache_dir: Path = Path("var/cache"),
     image_size: int | None = None,
+    negatives: str = "ours",
 ) -> Dataset:
-    """The reader of ``name`` over its files (ValueError naming what is missing)."""
+    """The reader of ``name`` over its files (ValueError naming what is missing);
+    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``)."""
     if name == "synthetic":
         from app.eval.datasets.synthetic import SyntheticDataset
 
         return SyntheticDataset(image_size) if image_size else SyntheticDataset()
+    if name == "simulated":
+        from app.eval.datasets.simulated import SimulatedDataset
+
+        return SimulatedDataset()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; use one of {DATASETS}")
     if data is None:
@@ -47,18 +56,20 @@ def open_dataset(
         return JsonlDataset(data)
     if images is None:
         raise ValueError(f"dataset {name!r} needs --images (the image folder)")
-    embed = None
+    embed = text_embed = None
     if clip is not None:
-        from app.eval.datasets.clip import clip_embeddings
+        from app.eval.datasets.clip import clip_embeddings, clip_text_embeddings
 
         embed = partial(clip_embeddings, clip, cache_dir=cache_dir)
+        text_embed = partial(clip_text_embeddings, clip, cache_dir=cache_dir)
+    rule = {"rule": negatives, "text_embed": text_embed}
     if name == "coco":
         from app.eval.datasets.coco import coco_dataset
 
-        return coco_dataset(data, images, instances, embed)
+        return coco_dataset(data, images, instances, embed, **rule)
     from app.eval.datasets.flickr import flickr_dataset
 
-    return flickr_dataset(data, images, embed)
+    return flickr_dataset(data, images, embed, **rule)
 
 
 __all__ = ["DATASETS", "DEFAULT_SETTINGS", "Dataset", "EvalItem", "check_disjoint",

@@ -8,9 +8,12 @@ check that calibration items never overlap evaluation items.
 ``ImagePool`` is the shared core of the captioned-image datasets (COCO, Flickr): a pool of
 images with their captions (and COCO category sets); an item takes one image as the target,
 one of its captions as the query and N − 1 other images as negatives, drawn uniformly
-("random") or as the target's nearest neighbours by CLIP image embedding ("adversarial"),
-never an image whose caption is near-identical to the query or (COCO) whose category set
-equals the target's.
+("random") or as the target's nearest neighbours by CLIP image embedding ("adversarial").
+Two rules exclude negatives (``NEGATIVE_RULES``). "ours": in both settings, never an image
+with a caption lexically near-identical to the query (difflib ratio >= 0.9) or (COCO) with
+the target's exact category set. "paper" (the authors' builder): random negatives are not
+filtered; adversarial ones skip an image whose CLIP *text* embedding of a caption has
+cosine >= 0.9 with the query's, or (COCO) whose category set contains the target's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from PIL import Image
 ImageRef = Image.Image | Path
 CAPTION_SIMILARITY = 0.9
 """Negatives whose caption is at least this similar to the query are never drawn (§2.7)."""
+NEGATIVE_RULES: tuple[str, ...] = ("ours", "paper")
+TextEmbed = Callable[[list[str]], np.ndarray]
+"""Captions -> L2-normalised CLIP text embeddings (rows in the captions' order)."""
 
 
 @dataclass(frozen=True)
@@ -112,19 +118,46 @@ class ImagePool:
         name: str,
         images: Sequence[PoolImage],
         neighbours: Callable[[], np.ndarray] | None = None,
+        *,
+        rule: str = "ours",
+        text_embed: TextEmbed | None = None,
     ) -> None:
         if len(images) < 2:
             raise ValueError(f"dataset {name!r} needs at least 2 captioned images")
+        if rule not in NEGATIVE_RULES:
+            raise ValueError(f"unknown negative rule {rule!r}; use one of {NEGATIVE_RULES}")
         self.name = name
         self.pool = list(images)
         self._neighbours = neighbours
         self._order: np.ndarray | None = None
+        self.rule = rule
+        self._text_embed = text_embed
+        self._text: dict[str, np.ndarray] | None = None
+
+    def _text_cosine(self, query: str, candidate: PoolImage) -> float:
+        """Largest CLIP text cosine of the query with one of the candidate's captions."""
+        if self._text_embed is None:
+            raise ValueError(f"the paper's adversarial negatives of {self.name!r} need --clip")
+        if self._text is None:  # every caption of the pool, embedded once
+            texts = list(dict.fromkeys(c for p in self.pool for c in p.captions))
+            self._text = dict(zip(texts, self._text_embed(texts), strict=True))
+        q = self._text[query]
+        return max(float(q @ self._text[c]) for c in candidate.captions)
 
     def _similar(self, query: str, candidate: PoolImage) -> bool:
         return any(caption_similarity(query, c) >= CAPTION_SIMILARITY for c in candidate.captions)
 
-    def _allowed(self, target: PoolImage, query: str, candidate: PoolImage) -> bool:
-        if candidate is target or self._similar(query, candidate):
+    def _allowed(self, target: PoolImage, query: str, candidate: PoolImage, setting: str) -> bool:
+        if candidate is target:
+            return False
+        if self.rule == "paper":
+            if setting == "random":
+                return True
+            if target.categories is not None and target.categories <= (candidate.categories or
+                                                                        frozenset()):  # fmt: skip
+                return False
+            return self._text_cosine(query, candidate) < CAPTION_SIMILARITY
+        if self._similar(query, candidate):
             return False
         return target.categories is None or candidate.categories != target.categories
 
@@ -147,7 +180,8 @@ class ImagePool:
         for j in self._ranked(index, setting, rng):
             if len(negatives) == n - 1:
                 break
-            if self._allowed(target, query, self.pool[j]) and self.pool[j] not in negatives:
+            if self.pool[j] not in negatives and self._allowed(target, query, self.pool[j],
+                                                               setting):  # fmt: skip
                 negatives.append(self.pool[j])
         if len(negatives) < n - 1:
             return None

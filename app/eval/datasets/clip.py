@@ -1,15 +1,16 @@
-"""CLIP image embeddings for the adversarial negatives of the image datasets (DESIGN §2.7).
+"""CLIP embeddings for the adversarial negatives of the image datasets (design §2.7, §2.11).
 
-transformers' ``CLIPModel`` and ``CLIPImageProcessor`` from a local directory (``--clip
-PATH``; nothing is downloaded). Embeddings are L2-normalised and cached as one ``.npy``
-per (model, image list) under the cache directory (``np.save`` without pickle), so a
-second run of the same dataset reads them back instead of running CLIP again.
+transformers' ``CLIPModel`` with its ``CLIPImageProcessor`` (image neighbours) and its
+tokenizer (the paper rule's caption cosine) from a local directory (``--clip PATH``, e.g.
+a saved openai/clip-vit-large-patch14; nothing is downloaded). Embeddings are
+L2-normalised and cached as one ``.npy`` per (model, inputs) under the cache directory
+(``np.save`` without pickle), so a second run reads them back instead of running CLIP.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from app.eval.datasets.base import open_image
 BATCH = 32
 
 
-def cache_file(clip: Path, paths: Sequence[Path], cache_dir: Path) -> Path:
-    """Where the embeddings of ``paths`` under the model at ``clip`` are cached."""
-    digest = hashlib.sha256()
+def cache_file(clip: Path, paths: Sequence[Path | str], cache_dir: Path, kind: str = "") -> Path:
+    """Where the embeddings of ``paths`` (or texts, ``kind="text"``) under ``clip`` are cached."""
+    digest = hashlib.sha256(kind.encode())
     for part in (str(Path(clip).resolve()), *(str(p) for p in paths)):
         digest.update(part.encode())
         digest.update(b"\x00")
@@ -50,14 +51,45 @@ def compute_embeddings(clip: Path, paths: Sequence[Path]) -> np.ndarray:
     return np.concatenate(chunks).astype(np.float32)
 
 
-def clip_embeddings(clip: Path, paths: Sequence[Path], cache_dir: Path) -> np.ndarray:
-    """The cached embeddings when present, else computed and cached."""
-    target = cache_file(clip, paths, cache_dir)
+def compute_text_embeddings(clip: Path, texts: Sequence[str]) -> np.ndarray:
+    """(P, D) float32 L2-normalised CLIP text embeddings (truncated to CLIP's context)."""
+    import torch
+    from transformers import AutoTokenizer, CLIPModel
+
+    model = CLIPModel.from_pretrained(clip).eval()
+    tokenizer = AutoTokenizer.from_pretrained(clip)
+    context = int(model.config.text_config.max_position_embeddings)
+    chunks = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), BATCH):
+            batch = tokenizer(list(texts[start : start + BATCH]), padding=True, truncation=True,
+                              max_length=context, return_tensors="pt")  # fmt: skip
+            features = model.get_text_features(input_ids=batch["input_ids"],
+                                               attention_mask=batch["attention_mask"])  # fmt: skip
+            if not isinstance(features, torch.Tensor):
+                features = features.pooler_output
+            chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).numpy())
+    return np.concatenate(chunks).astype(np.float32)
+
+
+def _cached(target: Path, count: int, compute: Callable[[], np.ndarray]) -> np.ndarray:
     if target.is_file():
         cached = np.load(target, allow_pickle=False)
-        if cached.shape[0] == len(paths):
+        if cached.shape[0] == count:
             return cached
-    embeddings = compute_embeddings(clip, paths)
+    embeddings = compute()
     target.parent.mkdir(parents=True, exist_ok=True)
     np.save(target, embeddings, allow_pickle=False)
     return embeddings
+
+
+def clip_embeddings(clip: Path, paths: Sequence[Path], cache_dir: Path) -> np.ndarray:
+    """The cached image embeddings when present, else computed and cached."""
+    target = cache_file(clip, paths, cache_dir)
+    return _cached(target, len(paths), lambda: compute_embeddings(clip, paths))
+
+
+def clip_text_embeddings(clip: Path, texts: Sequence[str], cache_dir: Path) -> np.ndarray:
+    """The cached caption embeddings when present, else computed and cached."""
+    target = cache_file(clip, texts, cache_dir, kind="text")
+    return _cached(target, len(texts), lambda: compute_text_embeddings(clip, texts))

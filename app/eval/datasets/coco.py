@@ -8,15 +8,14 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from app.eval.datasets.base import ImagePool, PoolImage
 
 
-def read_coco(
-    captions: Path, images_dir: Path, instances: Path | None = None
-) -> list[PoolImage]:
+def read_coco(captions: Path, images_dir: Path, instances: Path | None = None) -> list[PoolImage]:
     """The captioned images of a COCO captions file, in image-id order."""
     doc = json.loads(Path(captions).read_text())
     texts: dict[int, list[str]] = defaultdict(list)
@@ -42,8 +41,10 @@ def coco_dataset(
     images_dir: Path,
     instances: Path | None = None,
     embed: Callable[[list[Path]], np.ndarray] | None = None,
+    **rule: Any,
 ) -> ImagePool:
-    """``embed`` (paths -> L2-normalised embeddings) enables the adversarial setting."""
+    """``embed`` (paths -> L2-normalised embeddings) enables the adversarial setting; ``rule``:
+    ImagePool's negative rule and text embedding."""
     pool = read_coco(captions, images_dir, instances)
     neighbours = None if embed is None else (lambda: embed([p.path for p in pool]))
-    return ImagePool("coco", pool, neighbours)
+    return ImagePool("coco", pool, neighbours, **rule)

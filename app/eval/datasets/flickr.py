@@ -11,6 +11,7 @@ import csv
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,11 @@ def read_flickr(captions: Path, images_dir: Path) -> list[PoolImage]:
 
 
 def flickr_dataset(
-    captions: Path, images_dir: Path, embed: Callable[[list[Path]], np.ndarray] | None = None
+    captions: Path,
+    images_dir: Path,
+    embed: Callable[[list[Path]], np.ndarray] | None = None,
+    **rule: Any,
 ) -> ImagePool:
     pool = read_flickr(captions, images_dir)
     neighbours = None if embed is None else (lambda: embed([p.path for p in pool]))
-    return ImagePool("flickr", pool, neighbours)
+    return ImagePool("flickr", pool, neighbours, **rule)

@@ -48,3 +48,21 @@ def test_sampling_is_seeded(runner, items) -> None:
 def test_several_samples_need_a_temperature(runner, items) -> None:
     with pytest.raises(ValueError, match="temperature"):
         generate_answers(runner, items[:1], samples=3, temperature=0.0)
+
+
+def test_a_checkpoints_generation_config_is_not_inherited(runner, items) -> None:
+    """Released Qwen-VL checkpoints ship top_k=1: the baselines must still sample."""
+    from transformers import GenerationConfig
+
+    saved = runner.model.generation_config
+    runner.model.generation_config = GenerationConfig(top_k=1, top_p=0.001, do_sample=True,
+                                                      temperature=0.01)  # fmt: skip
+    try:
+        (g,) = generate_answers(runner, items[:1], samples=8, temperature=0.7, top_k=40,
+                                max_new_tokens=4, seed=1)  # fmt: skip
+        assert len(set(g.texts)) > 1  # top_k=1 would give one path eight times
+        assert runner.model.generation_config.top_k == 1  # restored after the call
+        greedy = generate_answers(runner, items[:1], max_new_tokens=4)
+        assert greedy[0].texts == generate_answers(runner, items[:1], max_new_tokens=4)[0].texts
+    finally:
+        runner.model.generation_config = saved

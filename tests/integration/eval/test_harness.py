@@ -204,4 +204,4 @@ def test_help_is_fast_and_documents_every_flag() -> None:
                  "--posterior-variant", "--mixture", "--no-prior", "--calibration-setting",
                  "--labels", "--prompt-variant", "--clip"):  # fmt: skip
         assert flag in text
-    assert "(default: 200)" in text and "(default: 4)" in text
+    assert "(default: 200)" in text and "ours: 4" in text and "--protocol" in text

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.answers import DEFAULT_COT_PROMPT, cot_prompt_text, majority_vote, parse_answer
+from app.engine.answers import (
+    DEFAULT_COT_PROMPT,
+    cot_prompt_text,
+    majority_vote,
+    parse_answer,
+    parse_answer_paper,
+)
 
 DIGITS = ["1", "2", "3", "4"]
 
@@ -54,7 +60,17 @@ def test_majority_vote() -> None:
 def test_cot_prompt_text() -> None:
     text = cot_prompt_text("a red star", DIGITS)
     assert text.startswith("Given 4 images indexed from 1 to 4, identify the image")
-    assert 'The answer is 4"' in text and text.endswith("Caption: a red star\nAnswer: ")
+    assert text.endswith("Caption: a red star\nAnswer: ")
+    for label in DIGITS[1:]:  # names no label position (the range phrase says "1 to 4")
+        assert label not in text.replace("Given 4 images indexed from 1 to 4", "")
     custom = cot_prompt_text("q", ["A", "B"], "{n} {range} {first}-{last}: {query}")
     assert custom == "2 labeled from A to B A-B: q"
     assert "{query}" in DEFAULT_COT_PROMPT
+
+
+def test_parse_answer_paper() -> None:
+    assert parse_answer_paper("x </think> 3", DIGITS, answer_is=False) == 2
+    assert parse_answer_paper("1 then 2 and 4", DIGITS, answer_is=False) == 3  # the last
+    assert parse_answer_paper("The answer is 2, not 3", DIGITS) == 1  # the first "answer is"
+    assert parse_answer_paper("The answer is 9, so 1", DIGITS) == 0  # not a label: fall back
+    assert parse_answer_paper("no digits", DIGITS) is None

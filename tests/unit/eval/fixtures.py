@@ -59,14 +59,32 @@ def tiny_clip(folder: Path) -> Path:
     config = CLIPConfig(
         text_config={"vocab_size": 99, "hidden_size": 16, "intermediate_size": 32,
                      "num_hidden_layers": 1, "num_attention_heads": 2,
-                     "max_position_embeddings": 16},
+                     "max_position_embeddings": 16, "bos_token_id": 0, "pad_token_id": 0,
+                     "eos_token_id": 2},  # 2: pool at the largest token id (CLIP's legacy rule)
         vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
                        "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
         projection_dim=8,
     )  # fmt: skip
     CLIPModel(config).save_pretrained(folder)
+    _word_tokenizer(98).save_pretrained(folder)  # for the paper rule's caption cosine
     CLIPImageProcessor(size={"shortest_edge": 32},
                        crop_size={"height": 32, "width": 32}).save_pretrained(folder)  # fmt: skip
     return folder
 
 
+def _word_tokenizer(size: int):
+    """A word-level tokenizer over the world's caption words (ids < ``size``), built in code."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(
+        {
+            w
+            for i in range(200)
+            for w in world.caption(world.sample_object(np.random.default_rng(i))).split()
+        }
+    )
+    vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate(words[: size - 2])}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>")

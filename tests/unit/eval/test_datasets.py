@@ -71,7 +71,9 @@ def test_flickr_token_and_csv_formats(tmp_path: Path) -> None:
         assert [p.path.name for p in pool] == [n for n, _ in images]
         assert all(p.path.is_file() for p in pool)
     assert read_flickr(token, tmp_path / "flickr")[0].captions == (
-        f"{images[0][1]} 0", f"{images[0][1]} 1")
+        f"{images[0][1]} 0",
+        f"{images[0][1]} 1",
+    )
     assert read_flickr(csv, tmp_path / "flickr")[0].captions == (f"{images[0][1]}, really",)
     ds = open_dataset("flickr", data=token, images=tmp_path / "flickr")
     assert len(ds.items(3, 3, "random", seed=0)) == 3
@@ -136,3 +138,52 @@ def test_clip_embeddings_are_cached_as_npy(tmp_path: Path, monkeypatch) -> None:
     np.testing.assert_array_equal(clip.clip_embeddings(model, paths, tmp_path / "cache"), emb)
     with pytest.raises(AssertionError):
         clip.clip_embeddings(model, paths[:4], tmp_path / "cache")  # another image list
+
+
+def test_paper_rule_text_cosine_and_category_containment(tmp_path: Path) -> None:
+    """The authors' adversarial filter: CLIP text cosine >= 0.9 with the query, or a category
+    set that contains the target's, is skipped; their random negatives are not filtered."""
+    paths = [tmp_path / f"{i}.png" for i in range(6)]
+    captions = ["q0", "near query", "far a", "far b", "far c", "far d"]
+    categories = [{1}, {2}, {1, 2}, {3}, {1}, {4}]  # 2 and 4 contain the target's {1}
+    pool = [PoolImage(p, (c,), frozenset(k)) for p, c, k in zip(paths, captions, categories,
+                                                                strict=True)]  # fmt: skip
+    angles = np.array([0.0, 0.1, 0.2, 0.3, 0.05, 1.5])  # image order: 4, 1, 2, 3, 5
+    image_emb = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    text_angle = {
+        "q0": 0.0,
+        "near query": 0.2,
+        "far a": 1.4,
+        "far b": 1.5,
+        "far c": 1.2,
+        "far d": 1.1,
+    }  # cos(0.2) = 0.98 >= 0.9: "near query" is too close
+
+    def text_embed(texts: list[str]) -> np.ndarray:
+        a = np.array([text_angle[t] for t in texts])
+        return np.stack([np.cos(a), np.sin(a)], axis=1)
+
+    ds = ImagePool("toy", pool, neighbours=lambda: image_emb, rule="paper", text_embed=text_embed)
+    item = ds._item(0, 3, "adversarial", seed=0)
+    negatives = sorted(p for k, p in enumerate(item.images) if k != item.answer)
+    assert negatives == [paths[3], paths[5]]  # 4, 2: contain {1}; 1: text cosine 0.98
+    ours = ImagePool("toy", pool, neighbours=lambda: image_emb)  # equal sets only, lexical
+    item = ours._item(0, 3, "adversarial", seed=0)
+    kept = sorted(p for k, p in enumerate(item.images) if k != item.answer)
+    assert kept == [paths[1], paths[2]]
+    random_item = ds._item(0, 6, "random", seed=0)  # no filter: all five others fit
+    assert random_item is not None and len(set(random_item.images)) == 6
+    with pytest.raises(ValueError, match="rule"):
+        ImagePool("toy", pool, rule="theirs")
+
+
+def test_clip_text_embeddings_from_a_local_clip(tmp_path: Path) -> None:
+    from app.eval.datasets import clip
+
+    model = tiny_clip(tmp_path / "clip")
+    texts = ["a red circle", "a blue star", "a red circle"]
+    emb = clip.clip_text_embeddings(model, texts, tmp_path / "cache")
+    assert emb.shape == (3, 8)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(emb[0], emb[2], atol=1e-6)
+    assert len(list((tmp_path / "cache").glob("clip_*.npy"))) == 1

@@ -174,3 +174,23 @@ def test_incomplete_records_are_refused() -> None:
     records = _records()[:-1]
     with pytest.raises(ValueError, match="records, expected"):
         compute_metrics(records)
+
+
+def test_a_constant_predictor_has_a_degenerate_ci_and_recall_cis() -> None:
+    from app.eval.metrics import compute_metrics
+    from app.eval.records import make_record
+    from app.eval.report import _ci
+
+    n, records = 4, []
+    for item in range(6):
+        for o in range(n):  # balanced: the GT at every position once, always answered "1"
+            records.append(make_record(
+                item=f"i{item}", n=n, setting="s", dataset="d", ordering=o,
+                order=[(p + o) % n for p in range(n)], method="vanilla", gt_position=o,
+                probabilities=[1.0, 0.0, 0.0, 0.0], predicted_position=0, forward_passes=1,
+                latency_ms=1.0,
+            ))  # fmt: skip
+    m = compute_metrics(records, samples=200)["runs"][0]["methods"]["vanilla"]
+    assert m["acc"] == 25.0 and m["acc_ci"] == [25.0, 25.0] and m["acc_ci_degenerate"]
+    assert _ci(m["acc_ci"]).startswith("[25.0, 25.0] (degenerate")
+    assert m["recall_ci"][0] == [100.0, 100.0] and m["recall_ci"][1] == [0.0, 0.0]

@@ -1,0 +1,101 @@
+"""``lad eval --protocol paper|ours``: protocol.json (and --dry-run without a model), the
+paper's shared orderings, 336 px bicubic images and 16-order perm_avg on a COCO-format set
+written in code, and each instance's order in predictions.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.eval import cli
+from app.eval.harness import EvalConfig, run_evaluation
+from app.eval.records import read_records
+from app.models.loader import load_runner
+from tests.unit.eval.fixtures import tiny_clip, write_coco
+
+
+@pytest.fixture(scope="module")
+def runner():
+    torch.set_num_threads(1)
+    return load_runner("demo", threads=1)
+
+
+class SizeSpy:
+    """The runner, recording the size of every image it is given."""
+
+    def __init__(self, runner) -> None:
+        self._runner, self.sizes = runner, set()
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def forward(self, items, labels="digits"):
+        self.sizes |= {im.size for item in items for im in item.images}
+        return self._runner.forward(items, labels)
+
+
+def test_dry_run_writes_the_paper_protocol_without_a_model(tmp_path, monkeypatch) -> None:
+    import app.models.loader as loader
+
+    monkeypatch.setattr(loader, "load_runner", lambda *a, **k: pytest.fail("model loaded"))
+    out = tmp_path / "dry"
+    argv = ["--protocol", "paper", "--dry-run", "-n", "4", "--items", "3", "--calibration",
+            "2", "--methods", "vanilla", "agd", "perm_avg", "cot", "self_consistency",
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["protocol.json"]
+    doc = json.loads((out / "protocol.json").read_text())
+    assert doc["protocol"] == "paper" and doc["dry_run"] is True
+    assert doc["image_preprocessing"]["resize"] == [336, 336]
+    assert doc["generation"]["self_consistency"]["top_k"] == 40
+    (run,) = doc["runs"]
+    orders = run["orderings"]
+    assert orders["shared_by_every_item"] and orders["count"] == 5
+    assert orders["orders"][0] == [0, 1, 2, 3] and len({tuple(o) for o in orders["orders"]}) == 5
+    assert len(run["perm_avg_orders"]) == 16 and run["tile_cap"] == 7
+    assert run["prompts"]["text"]["cot"].endswith("Answer: <think>")
+    fp = run["forward_passes"]
+    assert fp["per_instance"]["perm_avg"] == 16 and fp["per_instance"]["agd"] == 1
+    assert fp["calibration"] == 2 * 4 and fp["total_at_most"] > 3 * 5 * 16
+    assert len(run["items"]) == 3 and len(run["calibration_items"]) == 2
+
+
+@pytest.mark.slow
+def test_paper_protocol_on_a_coco_format_set(runner, tmp_path) -> None:
+    captions, images, instances = write_coco(tmp_path / "coco", count=30)
+    out = tmp_path / "out"
+    config = EvalConfig(out=out, protocol="paper", dataset="coco", data=captions, images=images,
+                        instances=instances, clip=tiny_clip(tmp_path / "clip"),
+                        cache_dir=tmp_path / "cache", settings=["adversarial"], ns=[3],
+                        items=4, calibration=2, progress=False, bootstrap=100,
+                        methods=["vanilla", "agd", "perm_avg"])  # fmt: skip
+    spy = SizeSpy(runner)
+    run_evaluation(spy, config)
+    assert spy.sizes == {(336, 336)}  # the 56 px world images, resized bicubic
+    doc = json.loads((out / "protocol.json").read_text())
+    assert doc["dry_run"] is False and "rendered" in doc["runs"][0]["prompts"]
+    assert doc["dataset"]["negatives"] == "paper" and doc["runs"][0]["setting"] == "adversarial"
+    assert len(list((tmp_path / "cache").glob("clip_*.npy"))) == 2  # image and caption cosines
+    shared = doc["runs"][0]["orderings"]["orders"]
+    assert len(shared) == 5  # T = 5 of the 3! = 6 orders
+    records = read_records(out / "predictions.jsonl")
+    for r in records:
+        assert r["order"] == shared[r["ordering"]]
+        assert len(r["images"]) == 3 and all(name.endswith(".png") for name in r["images"])
+    perm = [r for r in records if r["method"] == "perm_avg"]
+    assert {r["forward_passes"] for r in perm} == {6}  # min(16, 3!) orders
+
+
+def test_ours_is_the_default_and_balanced(runner, tmp_path) -> None:
+    config = EvalConfig(out=tmp_path, ns=[3], items=3, calibration=2, progress=False,
+                        bootstrap=100, methods=["vanilla", "perm_avg"])  # fmt: skip
+    run_evaluation(runner, config)
+    doc = json.loads((tmp_path / "protocol.json").read_text())
+    assert doc["protocol"] == "ours" and doc["image_preprocessing"]["resize"] is None
+    (run,) = doc["runs"]
+    # T = 4 rounded up to a multiple of N = 3
+    assert run["orderings"]["count"] == 6 and not run["orderings"]["shared_by_every_item"]
+    assert run["perm_avg_orders"] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert "The answer is 3" not in run["prompts"]["text"]["cot"]
