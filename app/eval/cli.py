@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
     from app.models.loader import load_runner
     from app.settings import Settings
 
-    settings = Settings()  # where the model goes and the remote-code opt-in, as lad serve reads them
+    settings = Settings()  # the device map and the remote-code opt-in, as lad serve reads them
     runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
                          threads=config.threads, device_map=settings.device_map,
                          trust_remote_code=settings.trust_remote_code)  # fmt: skip
