@@ -27,7 +27,12 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
-from app.testing.tiny_models import QWEN_SPECIAL_TOKENS, _qwen_text_config, byte_level_tokenizer
+from app.testing.tiny_models import (
+    QWEN_SPECIAL_TOKENS,
+    _qwen_text_config,
+    byte_level_tokenizer,
+    qwen_token_ids,
+)
 
 PATCH_SIZE = 16
 SPECIAL_TOKENS = (*QWEN_SPECIAL_TOKENS, "<think>", "</think>")
@@ -102,10 +107,7 @@ def seeded_model(
     config = config_cls(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_token_ids(ids),
     )
     torch.manual_seed(seed)
     return model_cls(config).to(dtype).eval()

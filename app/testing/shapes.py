@@ -99,6 +99,7 @@ def _qwen(shape: dict[str, Any], seed: int, dtype: torch.dtype, device: str) -> 
         QWEN_CHAT_TEMPLATE,
         QWEN_SPECIAL_TOKENS,
         byte_level_tokenizer,
+        qwen_token_ids,
     )
 
     tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
@@ -112,10 +113,7 @@ def _qwen(shape: dict[str, Any], seed: int, dtype: torch.dtype, device: str) -> 
     config = Qwen2_5_VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_token_ids(ids),
         tie_word_embeddings=text["tie_word_embeddings"],
     )
     processor = Qwen2_5_VLProcessorNoVideo(

@@ -184,10 +184,7 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
     config = config_cls(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_token_ids(ids),
     )
     torch.manual_seed(seed)
     model = model_cls(config).to(dtype).eval()
@@ -195,6 +192,17 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
         image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE
     )
     return model, processor
+
+
+def qwen_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    """A Qwen-style config's image, video and vision-delimiter token ids, from the tokenizer's
+    ids of the special tokens."""
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
 
 
 def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
