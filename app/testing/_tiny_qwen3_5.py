@@ -41,7 +41,7 @@ CHAT_TEMPLATE = qwen3_template(
 def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     """(model, processor) of a tiny random Qwen3.5 (Qwen3.5-MoE with ``moe=True``)."""
     moe = bool(overrides.pop("moe", False))
-    tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides)
+    tokenizer, image_processor, ids = tokenizer_and_image_processor(overrides, vocab="qwen3_5")
     interval = int(overrides.pop("full_attention_interval", 2))
     text = text_config(len(tokenizer), ids, overrides)
     head_dim = text["head_dim"]

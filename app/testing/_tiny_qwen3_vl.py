@@ -4,12 +4,13 @@ The real ``Qwen3VLForConditionalGeneration``: a 2-block vision tower of 16-pixel
 merged 2 x 2 (one deepstack level, added at decoder layer 0), and a 4-layer decoder with
 q/k norms and interleaved mrope. The image processor is Qwen2-VL's PIL one with
 ``patch_size`` 16 and the area pinned to ``image_pixels``² (64 -> 4 tokens per image);
-the tokenizer is the byte-level one of ``app.testing.tiny_models`` with the Qwen special
-tokens; the chat template is the released one's layout (no default system turn, images
-first as ``<|vision_start|><|image_pad|><|vision_end|>``).
+the tokenizer is the released Qwen3 vocabulary with its special-token ids
+(``app.testing.qwen_vocab``; ``vocab="bytes"``: the byte-level one); the chat template is
+the released one's layout (no default system turn, images first as
+``<|vision_start|><|image_pad|><|vision_end|>``).
 
 ``overrides``: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-intermediate_size, max_position_embeddings, image_pixels, dtype; ``moe=True`` builds
+intermediate_size, max_position_embeddings, image_pixels, dtype, vocab; ``moe=True`` builds
 Qwen3-VL-MoE (``qwen3_vl_moe``: 4 experts, 2 per token) instead.
 """
 
@@ -27,6 +28,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from app.models.qwen3_vl import Qwen3VLProcessorNoVideo
+from app.testing.qwen_vocab import qwen_tokenizer
 from app.testing.tiny_models import (
     QWEN_SPECIAL_TOKENS,
     _qwen_text_config,
@@ -73,10 +75,14 @@ def text_config(vocab: int, ids: dict[str, int], overrides: dict[str, Any]) -> d
     return text
 
 
-def tokenizer_and_image_processor(overrides: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]:
-    """The byte-level tokenizer, the PIL image processor pinned to ``image_pixels``² pixels
-    per image, and the special-token ids."""
-    tokenizer = byte_level_tokenizer(SPECIAL_TOKENS)
+def tokenizer_and_image_processor(
+    overrides: dict[str, Any], vocab: str = "qwen3"
+) -> tuple[Any, Any, dict[str, int]]:
+    """The tokenizer (the released ``vocab``: "qwen3" or "qwen3_5"; "bytes": byte-level), the
+    PIL image processor pinned to ``image_pixels``² pixels per image, and the special-token
+    ids."""
+    vocab = overrides.pop("vocab", vocab)
+    tokenizer = byte_level_tokenizer(SPECIAL_TOKENS) if vocab == "bytes" else qwen_tokenizer(vocab)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     side = int(overrides.pop("image_pixels", 64))
     image_processor = Qwen2VLImageProcessorPil(
