@@ -35,7 +35,8 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("read_timeout_s", "408 `request_timeout`, connection closed"),
     ("header_timeout_s", "connection closed"),
     ("keep_alive_s", "idle connection closed"),
-    ("max_connections", "the longest-idle connection is closed (none idle: the new one)"),
+    ("max_connections", "the longest-idle connection is closed, else the oldest upload "
+     "(499), else the new one"),
     ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),

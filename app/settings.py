@@ -208,8 +208,8 @@ class Settings(BaseSettings):
     )
     keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connection lifetime")
     max_connections: int = Field(
-        1024, ge=1, description="open connections; past it the longest-idle one is closed "
-        "to make room (idle: no request under way)"
+        1024, ge=1, description="open connections; past it the longest-idle one (no request "
+        "under way) is closed to make room, else the oldest still sending its body"
     )
     max_in_flight: int = Field(
         256, ge=1, description="requests handled at once, counted once their body has arrived "

@@ -6,7 +6,8 @@ instead ``GuardedH11Protocol``
 
 - bounds open connections (``LAD_MAX_CONNECTIONS``): past it the connection idle for the
   longest (no request under way: waiting for its first head, a trickled head or in
-  keep-alive) is closed to make room; only when none is idle is the new one closed;
+  keep-alive) is closed to make room, else the oldest one still sending its body; only
+  when every connection has a request being answered is the new one closed;
 - closes a connection whose request head does not arrive within ``LAD_HEADER_TIMEOUT_S``
   (from the connection's start, or from the first byte of a keep-alive request);
 - refuses (400, then closes) a request framed by both Content-Length and
@@ -113,6 +114,7 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
     max_connections: int = 1024
     max_head_bytes: int = MAX_HEAD_BYTES
+    _last_warning: float = float("-inf")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -150,15 +152,34 @@ class GuardedH11Protocol(H11Protocol):
             and (self.cycle is None or self.cycle.response_complete)
         )
 
+    def is_uploading(self) -> bool:
+        """A request whose body is still arriving (not yet handed to the model)."""
+        return not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY
+
     def _make_room(self) -> None:
-        idle = [c for c in self.connections
-                if c is not self and isinstance(c, GuardedH11Protocol) and c.is_idle()]  # fmt: skip
-        if idle:
-            min(idle, key=lambda c: c.idle_since).transport.close()
-        else:  # every other connection has a request under way: this one waits its turn
-            log.warning("%d connections, every one busy (LAD_MAX_CONNECTIONS): refused one",
-                        len(self.connections))  # fmt: skip
-            self.transport.close()
+        """Close the longest-idle connection; else the oldest one still sending a body (its
+        request sees a disconnect: 499); else, every connection being answered, this one."""
+        others = [
+            c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
+        ]
+        for kind, pick in (("idle", GuardedH11Protocol.is_idle),
+                           ("uploading", GuardedH11Protocol.is_uploading)):  # fmt: skip
+            candidates = [c for c in others if pick(c)]
+            if candidates:
+                if kind == "uploading":
+                    self._warn("closed the oldest connection still sending its body")
+                min(candidates, key=lambda c: c.idle_since).transport.close()
+                return
+        self._warn("refused a connection: every other one has a request being answered")
+        self.transport.close()
+
+    def _warn(self, what: str) -> None:
+        """At most one line per 10 s: a flood of connections must not flood the log."""
+        now = self.loop.time()
+        if now - GuardedH11Protocol._last_warning >= 10.0:
+            GuardedH11Protocol._last_warning = now
+            log.warning("%s (%d open, LAD_MAX_CONNECTIONS=%d)", what, len(self.connections),
+                        self.max_connections)  # fmt: skip
 
     # ------------------------------------------------------------------ head deadline
     def _arm_header_timer(self) -> None:
@@ -181,8 +202,9 @@ class GuardedH11Protocol(H11Protocol):
         """uvicorn's answer to a ``RemoteProtocolError``, in the envelope: 400 (431 for a
         head over the limit), a fresh request id, then the connection is closed."""
         refusal = getattr(self.conn, "refusal", None)
-        status = getattr(refusal, "error_status_hint", 400)
-        error = errors.HeadersTooLarge if status == 431 else errors.BadRequest
+        too_large = getattr(refusal, "error_status_hint", 400) == 431
+        error = errors.HeadersTooLarge if too_large else errors.BadRequest
+        status = error.status  # one status per code (h11's 501 for a coding is a 400 here)
         detail = str(refusal) if refusal is not None and str(refusal) else msg
         request_id = uuid.uuid4().hex
         log.info("refused a malformed HTTP request with %d (request_id=%s): %s",

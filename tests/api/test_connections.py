@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,13 +33,37 @@ def served(live_server, runner):
     return start
 
 
-def _idle_sockets(port: int, count: int) -> list[socket.socket]:
+def _idle_sockets(port: int, count: int, first: bytes = b"") -> list[socket.socket]:
+    """``count`` connections, opened in order, that send ``first`` and then nothing."""
     socks = []
     for _ in range(count):
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if first:
+            sock.sendall(first)
         socks.append(sock)
+        time.sleep(0.002)  # accepted in this order
     time.sleep(0.3)  # the server has accepted them all
     return socks
+
+
+def _closed(socks: list[socket.socket]) -> list[bool]:
+    """Which of ``socks`` the server has closed (EOF or reset)."""
+    flags = []
+    for sock in socks:
+        sock.settimeout(0.05)
+        try:
+            flags.append(sock.recv(65536) == b"")
+        except TimeoutError:
+            flags.append(False)
+        except ConnectionResetError:
+            flags.append(True)
+    return flags
+
+
+SLOW_BODY = (
+    b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 5000\r\n\r\n{"query": "x'
+)
 
 
 def test_idle_connections_do_not_lock_out_real_requests(served, items) -> None:
@@ -69,18 +94,75 @@ def test_at_the_connection_limit_the_longest_idle_connection_makes_room(served) 
         with httpx.Client(base_url=server.url, timeout=10) as http:
             statuses = [http.get("/healthz").status_code for _ in range(5)]
         assert statuses == [200] * 5
-        closed = 0
-        for sock in idle:
-            sock.settimeout(0.05)
-            try:
-                closed += sock.recv(1) == b""
-            except TimeoutError:
-                pass
-            except ConnectionResetError:
-                closed += 1
-        assert closed >= 20  # the oldest idle ones went first; at most 20 are open
+        closed = _closed(idle)
+        assert all(closed[:20]) and not any(closed[-15:])  # oldest first; 20 stay open
     finally:
         for sock in idle:
+            sock.close()
+
+
+def test_slow_bodies_give_way_to_new_connections_at_the_limit(served) -> None:
+    """20 uploads fill the 20 connections; each new connection closes the oldest upload."""
+    server = served(max_connections=20)
+    slow = _idle_sockets(server.port, 20, first=SLOW_BODY)
+    try:
+        statuses = [httpx.get(f"{server.url}/healthz", timeout=10).status_code for _ in range(5)]
+        assert statuses == [200] * 5
+        closed = _closed(slow)
+        assert closed[0] and not any(closed[-10:]), closed
+        labels = {"route": "/v1/retrieve", "http_method": "POST"}
+        deadline = time.monotonic() + 5
+        while _count(server, "lad_requests_total", status="499", **labels) < sum(closed):
+            assert time.monotonic() < deadline, "the closed uploads were not counted as 499"
+            time.sleep(0.05)
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+class BlockingRunner:
+    """The real runner, whose forward waits for ``release`` while ``hold`` is set."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.hold, self.release, self.entered = (threading.Event() for _ in range(3))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def forward(self, items, labels="digits"):
+        if self.hold.is_set():
+            self.entered.set()
+            self.release.wait(30)
+        return self.inner.forward(items, labels=labels)
+
+
+def test_requests_in_flight_are_bounded_and_slow_bodies_do_not_count(
+    live_server, runner, items
+) -> None:
+    blocking = BlockingRunner(runner)
+    server = live_server(runner_override=blocking, max_in_flight=1, header_timeout_s=30.0)
+    body = retrieve_body(items[0], method="vanilla")
+    slow = _idle_sockets(server.port, 3, first=SLOW_BODY)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.post("/v1/retrieve", json=body).status_code == 200  # uploads hold none
+            blocking.hold.set()
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(http.post, "/v1/retrieve", json=body)
+                assert blocking.entered.wait(20)
+                with httpx.Client(base_url=server.url, timeout=30) as other:
+                    refused = other.post("/v1/retrieve", json=body)
+                    assert other.get("/healthz").status_code == 200  # probes are not counted
+                    assert other.get("/readyz").status_code == 200
+                blocking.release.set()
+                assert first.result().status_code == 200
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert error["code"] == "overloaded" and "LAD_MAX_IN_FLIGHT" in error["message"]
+    finally:
+        blocking.release.set()
+        for sock in slow:
             sock.close()
 
 
@@ -88,10 +170,7 @@ def test_a_client_that_leaves_mid_body_is_counted_499_not_500(served, caplog) ->
     caplog.set_level(logging.INFO)
     server = served()
     conn = Raw(server.port)
-    conn.send(
-        b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 5000\r\nX-Request-ID: gone-mid-body\r\n\r\n{"query": "x'
-    )
+    conn.send(SLOW_BODY.replace(b"\r\n\r\n", b"\r\nX-Request-ID: gone-mid-body\r\n\r\n"))
     time.sleep(0.3)
     conn.close()
     deadline = time.monotonic() + 5
@@ -155,11 +234,23 @@ def test_a_head_over_64_kib_is_refused_431_in_the_envelope(served, pieces: int) 
     assert conn.closed_within(3)
 
 
-def test_a_malformed_request_line_gets_the_envelope(served) -> None:
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1 extra\r\nHost: t\r\n\r\n",
+        b"POST /v1/feedback HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+        b"POST /v1/feedback HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST /v1/feedback HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["request-line", "two-lengths", "gzip-framing", "bad-chunk"],
+)
+def test_protocol_errors_are_answered_in_the_envelope_and_closed(served, head: bytes) -> None:
     server = served()
     conn = Raw(server.port)
-    conn.send(b"GET /healthz HTTP/1.1 extra\r\nHost: t\r\n\r\n")
+    conn.send(head)
     status, headers, body = conn.response()
     assert status == 400 and headers["content-type"] == "application/json"
-    assert json.loads(body)["error"]["code"] == "bad_request"
+    assert headers["connection"] == "close"
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request" and error["request_id"] == headers["x-request-id"]
     assert conn.closed_within(3)
