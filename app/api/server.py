@@ -206,6 +206,8 @@ class GuardedH11Protocol(H11Protocol):
         error = errors.HeadersTooLarge if too_large else errors.BadRequest
         status = error.status  # one status per code (h11's 501 for a coding is a 400 here)
         detail = str(refusal) if refusal is not None and str(refusal) else msg
+        if too_large and "limit" not in detail:  # h11's own: an unfinished head past its bound
+            detail = f"the request line and headers are over {self.max_head_bytes} bytes"
         request_id = uuid.uuid4().hex
         log.info("refused a malformed HTTP request with %d (request_id=%s): %s",
                  status, request_id, detail)  # fmt: skip
@@ -221,9 +223,12 @@ class GuardedH11Protocol(H11Protocol):
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"), (b"x-request-id", request_id.encode()),
         ]  # fmt: skip
-        for event in (h11.Response(status_code=status, headers=headers),
-                      h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
-            self.transport.write(self.conn.send(event))
+        try:
+            for event in (h11.Response(status_code=status, headers=headers),
+                          h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:
+            pass  # h11 will not frame an answer in this state: the close below is the answer
         self.transport.close()
 
 

@@ -48,29 +48,31 @@ def _small_body() -> dict[str, Any]:
 def ordinary_requests(url: str, body: dict[str, Any]) -> dict[str, Any]:
     """30 requests from 6 clients, half /healthz, half a small retrieve: statuses, latency."""
 
-    def one(i: int) -> tuple[int, float]:
+    def one(i: int) -> tuple[str, int, float]:
+        kind = "healthz" if i % 2 else "retrieve"
         start = time.perf_counter()
         try:
             with httpx.Client(base_url=url, timeout=30) as http:
-                if i % 2:
+                if kind == "healthz":
                     status = http.get("/healthz").status_code
                 else:
                     status = http.post("/v1/retrieve", json=body).status_code
         except httpx.HTTPError:
             status = 0
-        return status, (time.perf_counter() - start) * 1e3
+        return kind, status, (time.perf_counter() - start) * 1e3
 
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(one, range(ORDINARY)))
-    latencies = np.asarray([ms for _, ms in results])
-    statuses: dict[str, int] = {}
-    for status, _ in results:
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
-    return {
-        "ordinary_statuses": statuses,
-        "ordinary_p50_ms": round(float(np.percentile(latencies, 50)), 1),
-        "ordinary_max_ms": round(float(latencies.max()), 1),
-    }
+    record: dict[str, Any] = {"ordinary_statuses": {}}
+    for _, status, _ in results:
+        record["ordinary_statuses"][str(status)] = (
+            record["ordinary_statuses"].get(str(status), 0) + 1
+        )
+    for kind in ("healthz", "retrieve"):
+        latencies = np.asarray([ms for k, _, ms in results if k == kind])
+        record[f"{kind}_p50_ms"] = round(float(np.percentile(latencies, 50)), 1)
+        record[f"{kind}_max_ms"] = round(float(latencies.max()), 1)
+    return record
 
 
 @contextmanager
@@ -149,10 +151,15 @@ def request_counts(url: str) -> dict[tuple[str, str, str], float]:
 
 
 def scenario(served: Served, idle: float, act: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``act`` under the peak-RSS watch; its record plus peak memory above idle."""
+    """Run ``act`` under the peak-RSS watch; its record plus the peak resident memory above
+    the scenario's start and above the idle level, and what is held after it."""
+    start = served.rss_mib()
     with PeakRSS(served.pid) as peak:
         record = act()
+    time.sleep(1.0)
+    record["peak_above_start_mib"] = round(peak.peak - start, 1)
     record["peak_above_idle_mib"] = round(peak.peak - idle, 1)
+    record["held_after_mib"] = round(served.rss_mib() - idle, 1)
     return record
 
 
@@ -185,8 +192,10 @@ def run(model: str, idle_count: int, over_cap: int, disconnects: int, heads: int
 
         def leave_mid_body() -> dict[str, Any]:
             before = request_counts(served.url)
-            half = (b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
-                    b"\r\nContent-Length: 2000000\r\n\r\n" + b'{"query": "' + b"x" * 1_000_000)
+            half = (
+                b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
+                b"\r\nContent-Length: 2000000\r\n\r\n" + b'{"query": "' + b"x" * 1_000_000
+            )
             start = time.perf_counter()
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda _: exchange(port, half, wait_s=0.05), range(disconnects)))
@@ -242,16 +251,25 @@ def main(argv: list[str] | None = None) -> int:
                             raw_description=True)  # fmt: skip
     parser.add_argument("--model", default="demo", help="model to serve")
     parser.add_argument("--idle", type=int, default=300, help="idle / slow sockets held")
-    parser.add_argument("--over-cap", type=int, default=1500,
-                        help="idle sockets held in the second scenario (past the cap)")
-    parser.add_argument("--max-connections", type=int, default=1024,
-                        help="LAD_MAX_CONNECTIONS of the server (its default: 1024)")
+    parser.add_argument(
+        "--over-cap",
+        type=int,
+        default=1500,
+        help="idle sockets held in the second scenario (past the cap)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="LAD_MAX_CONNECTIONS of the server (its default: 1024)",
+    )
     parser.add_argument("--disconnects", type=int, default=50, help="clients leaving mid-body")
     parser.add_argument("--heads", type=int, default=50, help="200 KB heads sent at once")
     parser.add_argument("--out", default="bench/results/connections_demo.json")
     args = parser.parse_args(argv)
-    record = run(args.model, args.idle, args.over_cap, args.disconnects, args.heads,
-                 args.max_connections)
+    record = run(
+        args.model, args.idle, args.over_cap, args.disconnects, args.heads, args.max_connections
+    )
     print(f"idle RSS {record['idle_rss_mib']} MiB")
     for name, row in record["rows"].items():
         print(f"{name}: {row}")
