@@ -6,8 +6,9 @@ instead ``GuardedH11Protocol``
 
 - bounds open connections (``LAD_MAX_CONNECTIONS``): past it the connection idle for the
   longest (no request under way: waiting for its first head, a trickled head or in
-  keep-alive) is closed to make room, else the oldest one still sending its body; only
-  when every connection has a request being answered is the new one closed;
+  keep-alive; for ``FRESH_S`` or more) is closed to make room, else the oldest one still
+  sending its body, else the oldest just opened; only when every connection has a request
+  being answered is the new one closed;
 - closes a connection whose request head does not arrive within ``LAD_HEADER_TIMEOUT_S``
   (from the connection's start, or from the first byte of a keep-alive request);
 - refuses (400, then closes) a request framed by both Content-Length and
@@ -43,6 +44,9 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 * 1024
 """Request line + headers of one request, counted as name and value bytes (431 past it)."""
+FRESH_S = 1.0
+"""A connection idle for less than this may just not have sent its head yet: at the
+connection bound it is closed only after every older idle one and every upload."""
 
 
 def return_large_buffers_to_the_os() -> bool:
@@ -157,17 +161,22 @@ class GuardedH11Protocol(H11Protocol):
         return not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY
 
     def _make_room(self) -> None:
-        """Close the longest-idle connection; else the oldest one still sending a body (its
-        request sees a disconnect: 499); else, every connection being answered, this one."""
+        """Close the longest-idle connection idle for FRESH_S or more; else the oldest one
+        still sending a body (its request sees a disconnect: 499); else the oldest fresh
+        one (just opened, its head not yet read); else, all being answered, this one."""
+        now = self.loop.time()
         others = [
             c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
         ]
-        for kind, pick in (("idle", GuardedH11Protocol.is_idle),
-                           ("uploading", GuardedH11Protocol.is_uploading)):  # fmt: skip
-            candidates = [c for c in others if pick(c)]
+        idle = [c for c in others if c.is_idle()]
+        for kind, candidates in (
+            ("idle", [c for c in idle if now - c.idle_since >= FRESH_S]),
+            ("uploading", [c for c in others if c.is_uploading()]),
+            ("fresh", idle),
+        ):
             if candidates:
-                if kind == "uploading":
-                    self._warn("closed the oldest connection still sending its body")
+                if kind != "idle":
+                    self._warn(f"closed the oldest {kind} connection to make room")
                 min(candidates, key=lambda c: c.idle_since).transport.close()
                 return
         self._warn("refused a connection: every other one has a request being answered")
