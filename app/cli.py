@@ -29,6 +29,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                       "regenerate the README's Measured-here tables from bench/results/*.json"),
     "bench soak": ("app.bench.soak",
                    "drive mixed traffic for M minutes: errors, p99 per minute, memory growth"),
+    "bench connections": ("app.bench.connections",
+                          "idle, slow, vanishing and mis-framed connections: cost, and "
+                          "whether ordinary requests get through"),
     "bench online": ("app.bench.online",
                      "time the evidence cache and feedback per store backend (online calibration)"),
     "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),

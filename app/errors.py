@@ -62,6 +62,11 @@ class BadRequest(ServiceError):
     meaning = "the HTTP request itself is malformed (e.g. a broken multipart body)"
 
 
+class HeadersTooLarge(ServiceError):
+    code, status = "headers_too_large", 431
+    meaning = "the request line and headers are over 64 KiB (the connection is closed)"
+
+
 class InvalidImage(ServiceError):
     code, status = "invalid_image", 400
     meaning = "an image is not valid base64, is empty, truncated or not an image"
@@ -207,7 +212,10 @@ class RefreshUnavailable(ServiceError):
 # --- the service's state -------------------------------------------------------------------
 class Overloaded(ServiceError):
     code, status = "overloaded", 429
-    meaning = "the queue has no room for the request's forward passes; retry after Retry-After"
+    meaning = (
+        "the queue has no room for the request's forward passes, or LAD_MAX_IN_FLIGHT "
+        "requests are being handled; retry after Retry-After"
+    )
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(int(retry_after_s))})
@@ -246,6 +254,7 @@ ERRORS: tuple[type[ServiceError], ...] = (
     Forbidden, NotFound, MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch,
     NoPreviousVersion, RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady,
     StoreUnavailable, StoreCorrupt, EngineFailure, InternalError,
+    HeadersTooLarge,
 )  # fmt: skip
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 

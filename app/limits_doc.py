@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from app import errors
 from app.api.middleware import SMALL_BODY_BYTES
+from app.api.server import MAX_HEAD_BYTES
 from app.readme_blocks import README, block_command
 from app.schemas import MAX_CALIBRATION_EXAMPLES
 from app.settings import MAX_N, Settings
@@ -33,7 +34,9 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("read_timeout_s", "408 `request_timeout`, connection closed"),
     ("header_timeout_s", "connection closed"),
     ("keep_alive_s", "idle connection closed"),
-    ("max_connections", "503 from uvicorn (plain text, before the app)"),
+    ("max_connections", "the longest-idle connection is closed, else the oldest upload "
+     "(499), else the new one"),
+    ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),
     ("drain_timeout_s", "on SIGTERM, requests still running after it are cancelled"),
@@ -45,6 +48,10 @@ LIMITS: tuple[tuple[str, str], ...] = (
 FIXED: tuple[tuple[str, str, str], ...] = (
     ("body of every other route", f"{SMALL_BODY_BYTES} bytes",
      "413 `payload_too_large`, connection closed"),
+    ("request line + headers", f"{MAX_HEAD_BYTES} bytes",
+     "431 `headers_too_large`, connection closed"),
+    ("Content-Length and Transfer-Encoding together", "refused",
+     "400 `bad_request`, connection closed"),
     ("N (images per request, any setting)", f"2 .. {MAX_N}", "422 `invalid_request`"),
     ("calibration examples M", f"1 .. {MAX_CALIBRATION_EXAMPLES}", "422 `invalid_request`"),
     ("multipart parts", "LAD_MAX_IMAGES files + 5 fields", "422 `too_many_images` / "

@@ -16,7 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.api.docs import install_docs
 from app.api.main import api_router
-from app.api.middleware import BodyGuardMiddleware, RequestIdMiddleware
+from app.api.middleware import (
+    BodyGuardMiddleware,
+    InFlightLimitMiddleware,
+    RequestIdMiddleware,
+)
 from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
@@ -96,8 +100,10 @@ def create_app(
     app.state.metrics = metrics
     app.state.service = None
     install_error_handlers(app)
-    # outermost last: request id (and the last-resort 500) > metrics > body guard > routes
+    # outermost last: request id (and the last-resort 500) > metrics > in-flight limit >
+    # body guard > routes
     app.add_middleware(BodyGuardMiddleware, settings=settings)
+    app.add_middleware(InFlightLimitMiddleware, settings=settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(api_router)

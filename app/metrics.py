@@ -37,6 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors, logs
@@ -61,13 +62,17 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _IMAGE_BUCKETS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 _TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
+CLIENT_CLOSED_STATUS = 499
+CLIENT_CLOSED_CODE = "client_closed_request"
+"""A client that left before its request was read (nginx's 499): not a server error."""
+
 ProfileRow = tuple[str, str, int, int, float, "list[float] | None"]
 """(profile, labels, n, version, created timestamp, calibration position share)."""
 
 
 def error_codes() -> list[str]:
     """Every code of the error table (app.errors), the generic ones included."""
-    found: set[str] = {"http_error"}
+    found: set[str] = {"http_error", CLIENT_CLOSED_CODE}
     stack: list[type[errors.ServiceError]] = [errors.ServiceError]
     while stack:
         cls = stack.pop()
@@ -349,9 +354,10 @@ def _error_code(body: bytes) -> str | None:
 
 class RequestMetricsMiddleware:
     """Per request: counts and latency by route template (not raw path), HTTP verb, status
-    and retrieval method; the in-flight gauge; errors by code (read from the error
-    envelope); the request's log line (``app.logs``), except for QUIET_PATHS; and a
-    ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
+    (499 for a client that left before its body was read) and retrieval method; the
+    in-flight gauge; errors by code (read from the error envelope); the request's log line
+    (``app.logs``), except for QUIET_PATHS; and a ``Server-Timing: app;dur=<ms>`` response
+    header (the time until the answer starts)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -385,6 +391,9 @@ class RequestMetricsMiddleware:
         try:
             with logs.request_scope(record):
                 await self.app(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            record.status, record.error_code = CLIENT_CLOSED_STATUS, CLIENT_CLOSED_CODE
+            raise
         except BaseException:
             record.status = record.status or 500
             record.error_code = record.error_code or "internal_error"

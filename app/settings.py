@@ -214,7 +214,12 @@ class Settings(BaseSettings):
     )
     keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connection lifetime")
     max_connections: int = Field(
-        256, ge=1, description="open connections + running requests before uvicorn answers 503"
+        1024, ge=1, description="open connections; past it the longest-idle one (no request "
+        "under way) is closed to make room, else the oldest still sending its body"
+    )
+    max_in_flight: int = Field(
+        256, ge=1, description="requests handled at once, counted once their body has arrived "
+        "(not the probes, /metrics); past it 429 `overloaded`"
     )
 
     @field_validator("layers", mode="before")

@@ -6,9 +6,15 @@ and the last-resort answer for an unexpected error.
   nothing else handled into the 500 envelope, logged once, compactly. Unlike a Starlette
   handler for ``Exception`` it does not re-raise into the server, which would close the
   keep-alive connection after answering.
+  A client that left before its body was sent (``ClientDisconnect``) gets no answer and
+  no error line: the metrics middleware counts it as 499.
+- ``InFlightLimitMiddleware``: at most LAD_MAX_IN_FLIGHT requests handled at once, a
+  request counting from the moment its body has arrived (so slow and idle connections
+  never hold a slot), probes and scrapes never; past it 429 ``overloaded``.
 - ``BodyGuardMiddleware``: a per-route byte limit, counted as the body arrives (chunked
   bodies too) and refused at once past it (413), and a deadline for the whole body (408),
-  so a half-sent body cannot hold a connection. Both answers close the connection.
+  so a half-sent body cannot hold a connection. Both answers close the connection. A
+  disconnect before the body's end is raised as ``ClientDisconnect`` whoever reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
@@ -57,6 +64,8 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            pass  # nobody to answer; counted (499) and logged by the metrics middleware
         except Exception as exc:
             response = errors.unexpected_error_response(
                 exc, scope.get("method", ""), scope.get("path", "")
@@ -65,6 +74,66 @@ class RequestIdMiddleware:
                 await response(scope, receive, send_with_id)
         finally:
             errors.REQUEST_ID.reset(token)
+
+
+UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Probes and scrapes: cheap, and they must answer while the service is at its limit."""
+
+
+def has_body(scope: Scope) -> bool:
+    headers = Headers(scope=scope)
+    return "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+
+
+class InFlightLimitMiddleware:
+    """At most ``settings.max_in_flight`` requests handled at once (429 ``overloaded``).
+
+    A request takes its slot when its body has fully arrived (at once when it has none), so
+    connections that send nothing, or send their body slowly, are bounded by the connection
+    limit and the read deadline, never by this one: they cannot lock real requests out.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.limit = settings.max_in_flight
+        self.active = 0
+
+    def _refusal(self) -> errors.Overloaded:
+        return errors.Overloaded(
+            f"{self.active} requests are being handled (LAD_MAX_IN_FLIGHT={self.limit}); "
+            "retry in 1 s", retry_after_s=1,
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        held = False
+
+        def take() -> bool:
+            nonlocal held
+            if self.active >= self.limit:
+                return False
+            self.active += 1
+            held = True
+            return True
+
+        async def counted_receive() -> Message:
+            message = await receive()
+            body_done = message["type"] == "http.request" and not message.get("more_body")
+            if body_done and not held and not take():
+                raise self._refusal()
+            return message
+
+        if not has_body(scope) and not take():
+            request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
+            await errors.error_response(self._refusal(), request_id)(scope, receive, send)
+            return
+        try:
+            await self.app(scope, counted_receive, send)
+        finally:
+            if held:
+                self.active -= 1
 
 
 class BodyTooLarge(HTTPException):
@@ -135,8 +204,9 @@ class BodyGuardMiddleware:
                 if received > limit:
                     raise BodyTooLarge(limit, setting)
                 finished = not message.get("more_body", False)
-            else:
+            else:  # the client left before the end of its body
                 finished = True
+                raise ClientDisconnect()
             return message
 
         await self.app(scope, guarded_receive, send)

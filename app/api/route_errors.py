@@ -15,8 +15,9 @@ Route = tuple[str, str]  # (HTTP verb, route template)
 ANY = (errors.BadRequest, errors.RequestTimeout, errors.PayloadTooLarge, errors.InternalError)
 """What any route may answer: a malformed request, a body over the route's limit or too
 slow (the body guard), an unexpected failure."""
-MODEL = (*ANY, errors.InvalidRequest, errors.NotReady)
-"""Routes that need the loaded model and its worker (they also validate parameters)."""
+MODEL = (*ANY, errors.InvalidRequest, errors.NotReady, errors.Overloaded)
+"""Routes that need the loaded model and its worker (they also validate parameters), and
+count towards LAD_MAX_IN_FLIGHT."""
 BODY = (errors.UnsupportedMediaType,)
 """Routes that read a body of a given content type."""
 IMAGES = (errors.InvalidImage, errors.UnsupportedImageFormat, errors.UnsupportedImage,
@@ -49,8 +50,8 @@ ROUTE_ERRORS: dict[Route, tuple[type[errors.ServiceError], ...]] = {
         *MODEL, *PROFILE_KEY, *ADMIN, errors.NoPreviousVersion, errors.StoreCorrupt,
     ),
     ("POST", "/v1/feedback"): (
-        *ANY, errors.InvalidRequest, errors.NotReady, *BODY, *AUTH, errors.RequestNotFound,
-        errors.ProfileGone, errors.StoreUnavailable,
+        *ANY, errors.InvalidRequest, errors.NotReady, errors.Overloaded, *BODY, *AUTH,
+        errors.RequestNotFound, errors.ProfileGone, errors.StoreUnavailable,
     ),
     ("POST", "/v1/profiles/{name}/refresh"): (
         *MODEL, *PROFILE_KEY, *ADMIN, errors.RefreshUnavailable,

@@ -83,6 +83,7 @@ class LiveServer:
 
         from app.api.server import uvicorn_options
 
+        self.app = app
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
