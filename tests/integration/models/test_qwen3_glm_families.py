@@ -20,8 +20,7 @@ from app.cli import main as lad
 from app.engine import debias
 from app.engine import runner as runner_module
 from app.engine.attention import default_layers, eager_attentions, span_mass
-from app.engine.labels import resolve_labels
-from app.engine.runner import RetrievalItem, Runner
+from app.engine.runner import RetrievalItem, Runner, chain_path
 from app.main import load_runner_from_settings
 from app.models.glm4v import Glm4vAdapter
 from app.models.loader import load_runner, make_runner
@@ -29,7 +28,7 @@ from app.models.qwen3_5 import Qwen3_5Adapter
 from app.models.qwen3_vl import Qwen3VLAdapter
 from app.settings import Settings
 from app.testing.tiny_models import build_tiny, random_images, tiny_runner
-from tests.integration.engine.test_runner import _brute_force_scores as brute_force_scores
+from tests.integration.engine.reference import brute_force_scores
 
 torch.set_num_threads(1)
 
@@ -134,24 +133,28 @@ def test_mixed_batch_of_three_and_five_equals_each_item_alone(family: str) -> No
         np.testing.assert_allclose(alone.attention[0], batched.attention[k], atol=1e-5, rtol=0)
 
 
-def test_number_words_score_through_cached_steps_as_teacher_forcing(family: str) -> None:
-    """Twelve number words branch at depths 0 to 2 ("t" -> "tw" -> "two" / "twelve"):
-    cached steps of 1 and 2 tokens on row copies of the prompt cache (Qwen3.5: of its
-    linear-attention conv and recurrent states too) equal teacher forcing."""
+def test_labels_that_branch_score_through_cached_steps_as_teacher_forcing(family: str) -> None:
+    """Labels "10".."21": every Qwen BPE (and a byte-level one) writes digits one token each,
+    so the trie branches below the root at "1" and at "2", off one path: their scores need
+    cached steps on row copies of the prompt cache (Qwen3.5: of its linear-attention conv
+    and recurrent states too), which must equal teacher forcing."""
     runner = tiny_runner(family, seed=4)
-    items = [_items(6)[0], RetrievalItem("a boat", random_images(12, seed=6))]
+    labels = [str(10 + k) for k in range(12)]
+    assert chain_path(runner.label_trie(labels)) is None  # no single chain to fold
+    items = [RetrievalItem(q, random_images(12, seed=s)) for q, s in (("a dog", 5), ("a boat", 6))]
     calls: list[int] = []
     handle = runner.model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
     )
     try:
-        result = runner.forward(items, labels="words")
+        result = runner.forward(items, labels=labels)
     finally:
         handle.remove()
-    assert calls[1:] == [1, 2]  # after the prompt: one step per branching depth
+    assert calls[1:] == [1]  # after the prompt: one cached step, for the depth-1 branches
     for item, scores in zip(items, result.scores, strict=True):
-        expected = brute_force_scores(runner, item, resolve_labels("words", len(item.images)))
-        np.testing.assert_allclose(scores, expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(
+            scores, brute_force_scores(runner, item, labels), atol=1e-5, rtol=0
+        )
 
 
 def test_lad_bench_attention_finds_captured_equal_to_eager(family: str, tmp_path: Path) -> None:
