@@ -5,17 +5,19 @@
 #   GPU_BENCH_DEVICE=cpu OUT=/tmp/g scripts/gpu_bench.sh   the same steps, tiny, on the CPU
 #                                                          (a rehearsal of the script itself)
 #
-# Steps, each under its own time limit so a slow one cannot starve the rest (about 9 min
-# in all; each step rewrites its JSON after every cell, so one cut short keeps what it
+# Steps, each under its own time limit so a slow one cannot starve the rest (8 min in
+# all; each step rewrites its JSON after every cell, so one cut short keeps what it
 # measured). The first H200 run (bench/results/gpu/h200_run1.json) used limits a third of
 # these and every step ran out of time:
 #   1. the environment: GPU name, driver, torch/transformers versions (env.json);
 #   2. captured attention == eager attention on CUDA, float32 and bfloat16, demo model and
 #      tiny Qwen2.5-VL, with the tolerance stated (attention_check.json);
-#   3. `lad bench engine`, tiny Qwen2.5-VL at ~1.5k / 6k / 16k tokens (N = 12) in bf16,
-#      ~1.5k / 6k in fp32;
+#   3. `lad bench engine`, tiny Qwen2.5-VL at ~1.5k / 6k / 16k tokens (N = 12) in bf16;
 #   4. `lad bench service` on the demo model with LAD_DEVICE=cuda;
-#   5. scale in N: agd vs plain SDPA at ~1.5k tokens, N = 2, 4, 8, 12 (tiny Qwen, bf16).
+#   5. issue 23: the released Qwen2.5-VL-3B and -7B architectures at full width with random
+#      weights (`shape:`, app/testing/shapes/), bf16, sdpa vs agd vs eager at N = 2, 4, 8, 12
+#      and ~1.5k / 6k tokens, peak GPU memory per variant; the 3B's captured == eager in
+#      step 2.
 # Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
 # with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
 # GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
@@ -57,15 +59,16 @@ EOF
 [ $? -eq 0 ] || { echo "environment check failed (see above)"; exit 4; }
 
 if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
-  DEV=cpu; TOKENS=300,600; TOKENS_N=300; NS=2,4; REPS=2; SVC_REQ=8; LARGE=1; DTYPES=float32
-  TOKENS_FP32=300
+  DEV=cpu; TOKENS=300,600; REPS=2; SVC_REQ=8; LARGE=1; DTYPES=float32
+  SHAPE_ARGS="--width 128 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
 else
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA device here: the GPU benchmarks are skipped (env.json says \"cuda\": false)"
     exit 3
   fi
-  DEV=cuda; TOKENS=1500,6000,16000; TOKENS_N=1500; NS=2,4,8,12; REPS=5; SVC_REQ=64; LARGE=4
-  DTYPES=float32,bfloat16; TOKENS_FP32=1500,6000
+  DEV=cuda; TOKENS=1500,6000,16000; REPS=5; SVC_REQ=64; LARGE=4
+  DTYPES=float32,bfloat16; SHAPE_ARGS="--tokens 1500,6000 --n 2,4,8,12 --reps 3"
+  ATTN_MODELS=demo,tiny-qwen2_5_vl,shape:qwen2_5_vl-3b
 fi
 
 step() {  # step <seconds> <name> <command...>: run with a limit, log its status
@@ -75,17 +78,18 @@ step() {  # step <seconds> <name> <command...>: run with a limit, log its status
   echo "== $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)"
 }
 
-step 60 attention "$PY" -m app.cli bench attention --device "$DEV" --dtypes "$DTYPES" \
-  --out "$OUT/attention_check.json"
-step 150 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+step 90 attention "$PY" -m app.cli bench attention --models "$ATTN_MODELS" --device "$DEV" \
+  --dtypes "$DTYPES" --out "$OUT/attention_check.json"
+step 60 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS" --n 12 \
   --reps "$REPS" --out "$OUT/engine_tiny_bf16.json"
 LAD_DEVICE=$DEV step 120 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
   --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
   --out "$OUT/service_demo.json"
-step 90 "engine fp32" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
-  --dtype float32 --tokens "$TOKENS_FP32" --n 12 --reps "$REPS" --out "$OUT/engine_tiny_fp32.json"
-step 90 "scale in N" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
-  --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS_N" \
-  --n "$NS" --reps "$REPS" --out "$OUT/engine_scale_n.json"
+BF16="$([ $DEV = cuda ] && echo bfloat16 || echo float32)"
+for size in 3b 7b; do  # word splitting of SHAPE_ARGS is meant
+  # shellcheck disable=SC2086
+  step 105 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
+    --device "$DEV" --dtype "$BF16" $SHAPE_ARGS --out "$OUT/engine_shape_qwen2_5_vl-$size.json"
+done
 ls -la "$OUT"
