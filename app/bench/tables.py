@@ -73,6 +73,13 @@ def scale_block(records: list[dict[str, Any]]) -> str:
     return "\n".join(notes) + "\n\n" + "\n".join(lines)
 
 
+def _width(record: dict[str, Any]) -> str:
+    """The narrowed width of a ``shape:`` model, "released" at full width, – otherwise."""
+    if record.get("width"):
+        return str(record["width"])
+    return "released" if str(record["model"]).startswith("shape:") else "–"
+
+
 def overhead_block(records: list[dict[str, Any]]) -> str:
     """agd against a plain SDPA forward at real depth: per model (width), N and length, the
     paired median over every round and its range over runs in fresh processes."""
@@ -88,7 +95,7 @@ def overhead_block(records: list[dict[str, Any]]) -> str:
         for tokens, n in sorted({(c.target_tokens, c.n) for c in cells}):
             a, b = by[("sdpa", tokens, n)], by[("agd", tokens, n)]
             lines.append(
-                f"| {record['model']} | {record.get('width') or 'released'} | "
+                f"| {record['model']} | {_width(record)} | "
                 f"{len(record.get('layers') or [])} | {n} | {b.prompt_tokens} | "
                 f"{a.median_ms:.1f} | {b.median_ms:.1f} | {b.paired_ratio_to_sdpa:.3f} | "
                 f"{spread(b)} |"
