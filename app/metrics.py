@@ -14,6 +14,13 @@ shadow forward (``lad_debias_latency_overhead_ratio``, app.service.shadow).
 Label values that panels and alerts select (error codes, calibration outcomes, fallback
 methods and N, store operations) are created at 0, so a quiet service shows 0, not
 "No data". The ``_created`` series are off (they double every counter's series).
+
+Beside the ``lad_`` series every registry carries prometheus_client's standard process
+collectors (``process_*``: resident memory, CPU seconds, open and max file descriptors,
+start time; ``python_gc_*``, ``python_info``), as the default registry would, and
+``lad_build_info`` (version, model, revision, dtype, device), set when the model is loaded.
+``lad_gpu_memory_bytes`` has no samples on a replica without CUDA: the dashboard panel says
+so and the GPU alert needs the series (deploy/README.md "Series").
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from importlib import metadata
 from typing import Any
 
 import prometheus_client
@@ -30,8 +38,11 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     Info,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -142,11 +153,22 @@ class GpuMemoryCollector(Collector):
         yield family
 
 
+def package_version() -> str:
+    """The installed lad-serve's version (the source tree's when it runs uninstalled)."""
+    try:
+        return metadata.version("lad-serve")
+    except metadata.PackageNotFoundError:
+        from app import __version__
+
+        return __version__
+
+
 class Metrics:
     """All metrics of one service instance, registered in ``self.registry``."""
 
     def __init__(self, max_images: int = 12, max_queue: int | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._runtime(r)
         self._http(r)
         self._pipeline(r)
         self._answers(r, max_images)
@@ -156,6 +178,14 @@ class Metrics:
         r.register(GpuMemoryCollector())
 
     # ------------------------------------------------------------------ declarations
+    @staticmethod
+    def _runtime(r: CollectorRegistry) -> None:
+        """The default registry's process, platform and GC collectors, in this registry
+        (``process_*`` read /proc: Linux only, nothing elsewhere)."""
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+
     def _http(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "lad_requests", "HTTP requests by route template, HTTP verb and status",
@@ -167,7 +197,8 @@ class Metrics:
             ["route", "http_method", "method"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.in_flight = Gauge(
-            "lad_requests_in_flight", "HTTP requests being handled (not /metrics, /healthz)",
+            "lad_requests_in_flight",
+            "HTTP requests being handled (not /metrics, /healthz, /readyz)",
             registry=r,
         )  # fmt: skip
         self.errors = Counter("lad_errors", "Error answers by code", ["code"], registry=r)
@@ -228,6 +259,10 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
         )  # fmt: skip
         self.model_info = Info("lad_model", "The model this replica serves", registry=r)
+        self.build_info = Info(
+            "lad_build", "The lad-serve version and the model it runs (set once loaded)",
+            registry=r,
+        )  # fmt: skip
 
     def _state(self, r: CollectorRegistry, max_queue: int | None) -> None:
         self.queue_depth = Gauge("lad_queue_depth", "Items waiting for the model worker",
@@ -332,14 +367,23 @@ class Metrics:
         self._profiles.source = source
 
     def set_model_info(self, info: dict[str, Any]) -> None:
-        self.model_info.info({k: "" if v is None else str(v) for k, v in info.items()})
+        """``lad_model_info`` from the loaded model's facts, and ``lad_build_info`` (the
+        package version with the model id, revision, dtype and device)."""
+        text = {k: "" if v is None else str(v) for k, v in info.items()}
+        self.model_info.info(text)
+        self.build_info.info({
+            "version": package_version(), "model": text.get("model_id", ""),
+            "revision": text.get("revision", ""), "dtype": text.get("dtype", ""),
+            "device": text.get("device", ""),
+        })  # fmt: skip
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-QUIET_PATHS = frozenset({"/metrics", "/healthz"})
-"""Scrapes and liveness probes: counted, but neither in flight nor in the request log."""
+QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+"""Scrapes and probes: counted, but not in flight, and in the request log only when they
+fail (status >= 400) or at debug level: a probe every few seconds would bury the log."""
 _MAX_ERROR_BODY = 64 * 1024
 
 
@@ -356,8 +400,8 @@ class RequestMetricsMiddleware:
     """Per request: counts and latency by route template (not raw path), HTTP verb, status
     (499 for a client that left before its body was read) and retrieval method; the
     in-flight gauge; errors by code (read from the error envelope); the request's log line
-    (``app.logs``), except for QUIET_PATHS; and a ``Server-Timing: app;dur=<ms>`` response
-    header (the time until the answer starts)."""
+    (``app.logs``; for QUIET_PATHS only on failure or at debug level); and a
+    ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -415,5 +459,4 @@ class RequestMetricsMiddleware:
             record.route, record.http_method, record.status, record.latency_ms / 1e3, method,
             record.error_code,
         )  # fmt: skip
-        if not quiet:
-            logs.log_request(record)
+        logs.log_request(record, probe=quiet)
