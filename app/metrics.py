@@ -15,8 +15,8 @@ Label values that panels and alerts select (error codes, calibration outcomes, f
 methods and N, store operations) are created at 0, so a quiet service shows 0, not
 "No data". The ``_created`` series are off (they double every counter's series).
 
-Beside the ``lad_`` series every registry carries prometheus_client's standard process
-collectors (``process_*``: resident memory, CPU seconds, open and max file descriptors,
+Beside the ``lad_`` series every registry carries (app.collectors) prometheus_client's
+standard process collectors (``process_*``: resident memory, CPU seconds, open and max file descriptors,
 start time; ``python_gc_*``, ``python_info``), as the default registry would, and
 ``lad_build_info`` (version, model, revision, dtype, device), set when the model is loaded.
 ``lad_gpu_memory_bytes`` has no samples on a replica without CUDA: the dashboard panel says
@@ -26,10 +26,8 @@ so and the GPU alert needs the series (deploy/README.md "Series").
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from importlib import metadata
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import prometheus_client
@@ -38,20 +36,22 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    GCCollector,
     Histogram,
     Info,
-    PlatformCollector,
-    ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors, logs
+from app.collectors import (
+    GpuMemoryCollector,
+    ProfileCollector,
+    ProfileRow,
+    package_version,
+    register_runtime,
+)
 from app.engine.methods import NEEDS_CALIBRATION
 
 prometheus_client.disable_created_metrics()
@@ -77,10 +77,6 @@ CLIENT_CLOSED_STATUS = 499
 CLIENT_CLOSED_CODE = "client_closed_request"
 """A client that left before its request was read (nginx's 499): not a server error."""
 
-ProfileRow = tuple[str, str, int, int, float, "list[float] | None"]
-"""(profile, labels, n, version, created timestamp, calibration position share)."""
-
-
 def error_codes() -> list[str]:
     """Every code of the error table (app.errors), the generic ones included."""
     found: set[str] = {"http_error", CLIENT_CLOSED_CODE}
@@ -93,82 +89,12 @@ def error_codes() -> list[str]:
     return sorted(found)
 
 
-class ProfileCollector(Collector):
-    """Per profile this replica serves, read at scrape time from the store's in-memory copy:
-    lad_profile_version, lad_profile_created_timestamp_seconds and
-    lad_profile_calibration_position_share (every position 0..N-1, zeros included)."""
-
-    def __init__(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        names = ["profile", "labels", "n"]
-        version = GaugeMetricFamily(
-            "lad_profile_version", "Current calibration profile version", labels=names
-        )
-        created = GaugeMetricFamily(
-            "lad_profile_created_timestamp_seconds",
-            "Creation time of the current calibration profile version (Unix seconds)",
-            labels=names,
-        )
-        share = GaugeMetricFamily(
-            "lad_profile_calibration_position_share",
-            "Share of the current version's M x N calibration passes whose raw argmax was "
-            "this position (profiles calibrated before this was recorded have none)",
-            labels=[*names, "position"],
-        )
-        try:
-            rows = list(self.source())
-        except Exception:  # a failing store must not break the scrape
-            rows = []
-        for name, labels, n, ver, ts, position_share in rows:
-            version.add_metric([name, labels, str(n)], ver)
-            created.add_metric([name, labels, str(n)], ts)
-            for position, value in enumerate(position_share or ()):
-                share.add_metric([name, labels, str(n), str(position)], value)
-        yield version
-        yield created
-        yield share
-
-
-class GpuMemoryCollector(Collector):
-    """lad_gpu_memory_bytes{device, type}: torch's allocated and reserved bytes and the
-    device's total, per CUDA device, at scrape time. Nothing without torch or CUDA (torch
-    is never imported here: the wire path stays torch-free)."""
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "lad_gpu_memory_bytes", "GPU memory: torch allocated and reserved, device total",
-            labels=["device", "type"],
-        )  # fmt: skip
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_available() and cuda.is_initialized():
-            for index in range(cuda.device_count()):
-                device = f"cuda:{index}"
-                family.add_metric([device, "allocated"], float(cuda.memory_allocated(index)))
-                family.add_metric([device, "reserved"], float(cuda.memory_reserved(index)))
-                total = cuda.get_device_properties(index).total_memory
-                family.add_metric([device, "total"], float(total))
-        yield family
-
-
-def package_version() -> str:
-    """The installed lad-serve's version (the source tree's when it runs uninstalled)."""
-    try:
-        return metadata.version("lad-serve")
-    except metadata.PackageNotFoundError:
-        from app import __version__
-
-        return __version__
-
-
 class Metrics:
     """All metrics of one service instance, registered in ``self.registry``."""
 
     def __init__(self, max_images: int = 12, max_queue: int | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self._runtime(r)
+        register_runtime(r)
         self._http(r)
         self._pipeline(r)
         self._answers(r, max_images)
@@ -178,14 +104,6 @@ class Metrics:
         r.register(GpuMemoryCollector())
 
     # ------------------------------------------------------------------ declarations
-    @staticmethod
-    def _runtime(r: CollectorRegistry) -> None:
-        """The default registry's process, platform and GC collectors, in this registry
-        (``process_*`` read /proc: Linux only, nothing elsewhere)."""
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
-
     def _http(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "lad_requests", "HTTP requests by route template, HTTP verb and status",
