@@ -16,8 +16,8 @@ methods and N, store operations) are created at 0, so a quiet service shows 0, n
 "No data". The ``_created`` series are off (they double every counter's series).
 
 Beside the ``lad_`` series every registry carries (app.collectors) prometheus_client's
-standard process collectors (``process_*``: resident memory, CPU seconds, open and max file descriptors,
-start time; ``python_gc_*``, ``python_info``), as the default registry would, and
+standard collectors (``process_*``: resident memory, CPU seconds, open and max file
+descriptors, start time; ``python_gc_*``, ``python_info``), as the default registry would, and
 ``lad_build_info`` (version, model, revision, dtype, device), set when the model is loaded.
 ``lad_gpu_memory_bytes`` has no samples on a replica without CUDA: the dashboard panel says
 so and the GPU alert needs the series (deploy/README.md "Series").
