@@ -133,7 +133,7 @@ def test_every_dashboard_query_is_scoped_by_job_and_instance() -> None:
     assert selectors > 40
 
 
-def test_gpu_panel_says_no_gpu_on_cpu_replicas_and_the_recorded_drift_keeps_the_job() -> None:
+def test_gpu_panel_says_no_gpu_on_cpu_replicas() -> None:
     """CPU replicas export no lad_gpu_memory_bytes (absent, not 0): the GPU panel shows a
     "no GPU" text instead of "No data", and the GPU alert needs the series to fire."""
     (panel,) = [p for p in dashboard()["panels"]
@@ -141,6 +141,11 @@ def test_gpu_panel_says_no_gpu_on_cpu_replicas_and_the_recorded_drift_keeps_the_
     assert "no GPU" in panel["fieldConfig"]["defaults"]["noValue"]
     (gpu_alert,) = [a for a in ALERTS if "lad_gpu_memory_bytes" in a["expr"]]
     assert "absent" not in gpu_alert["expr"]
+
+
+def test_recorded_drift_series_keep_the_job() -> None:
+    """Each job has its own profiles (lad-serve-gpu: another key prefix), and the drift
+    panel filters by $job."""
     for rule in RECORDING:  # every aggregation of the recorded series keeps the job
         groupings = re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"])
         assert all(g.split(",")[0] == "job" for g in groupings), rule["record"]
@@ -190,3 +195,23 @@ def test_readme_lists_exactly_the_series_the_rules_and_panels_use() -> None:
 @pytest.mark.parametrize("record", sorted(RECORDED))
 def test_recorded_series_are_used(record: str) -> None:
     assert record in all_exprs()
+
+
+def test_promtool_parses_the_adapter_queries(tmp_path: Path) -> None:
+    """prometheus-adapter's metricsQuery templates, filled as the adapter fills them for
+    one HPA request, are valid PromQL."""
+    rules = load_yaml(PROMETHEUS / "prometheus-adapter-values.yaml")["rules"]["custom"]
+    fill = {"<<.Series>>": "", "<<.LabelMatchers>>": 'namespace="ml", pod=~"lad-a|lad-b"',
+            "<<.GroupBy>>": "pod"}
+    exprs = []
+    for rule in rules:
+        expr = rule["metricsQuery"].replace("<<.Series>>", rule["name"]["as"])
+        for name, value in fill.items():
+            expr = expr.replace(name, value)
+        assert "<<" not in expr, expr
+        exprs.append(expr)
+    groups = [{"name": "adapter", "rules": [
+        {"record": f"adapter:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]
+    (tmp_path / "adapter.yml").write_text(yaml.safe_dump({"groups": groups}))
+    done = run([tool("promtool"), "check", "rules", "adapter.yml"], cwd=tmp_path)
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout
