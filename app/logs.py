@@ -97,10 +97,15 @@ def request_scope(record: RequestRecord) -> Iterator[RequestRecord]:
         _CURRENT.reset(token)
 
 
-def log_request(record: RequestRecord) -> None:
-    """The one line of a finished request, and its audit line for an admin action."""
+def log_request(record: RequestRecord, *, probe: bool = False) -> None:
+    """The one line of a finished request, and its audit line for an admin action.
+
+    A ``probe`` (scrape, liveness or readiness probe) that succeeded is logged at debug
+    level only: probes come every few seconds from every orchestrator and scraper."""
     fields = record.fields()
     level = logging.ERROR if record.status >= 500 else logging.INFO
+    if probe and record.status < 400:
+        level = logging.DEBUG
     request_log.log(
         level, "%s %s %d %.1f ms", record.http_method, record.route, record.status,
         record.latency_ms, extra={"lad": fields},
@@ -165,8 +170,9 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
     """Route every logger (ours, uvicorn's, the libraries') and every library warning
     (rate-limited: ``route_warnings``) through one stderr handler.
 
-    Uvicorn's access log is not used: ``lad.request`` writes the request lines (none for
-    /metrics and /healthz). Library progress bars are turned off elsewhere (app.models).
+    Uvicorn's access log is not used: ``lad.request`` writes the request lines (for
+    /metrics, /healthz and /readyz only when they fail, or at debug level). Library
+    progress bars are turned off elsewhere (app.models).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.decode",
         "app.image_headers",
         "app.metrics",
+        "app.collectors",
         "app.logs",
         "app.client",
         "app.demo",
