@@ -11,10 +11,11 @@ and the last-resort answer for an unexpected error.
 - ``InFlightLimitMiddleware``: at most LAD_MAX_IN_FLIGHT requests handled at once, a
   request counting from the moment its body has arrived (so slow and idle connections
   never hold a slot), probes and scrapes never; past it 429 ``overloaded``.
-- ``BodyGuardMiddleware``: a per-route byte limit (the route table's ``body_limit``), counted as the body arrives (chunked
-  bodies too) and refused at once past it (413), and a deadline for the whole body (408),
-  so a half-sent body cannot hold a connection. Both answers close the connection. A
-  disconnect before the body's end is raised as ``ClientDisconnect`` whoever reads it.
+- ``BodyGuardMiddleware``: a per-route byte limit (the route table's ``body_limit``),
+  counted as the body arrives (chunked bodies too) and refused at once past it (413), and a
+  deadline for the whole body (408), so a half-sent body cannot hold a connection. Both
+  answers close the connection. A disconnect before the body's end is raised as
+  ``ClientDisconnect`` whoever reads it.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def test_the_content_type_check_names_the_accepted_types(client, route):
 
 
 def test_the_audited_actions_are_the_tables():
-    assert AUDITED == {(r.method, r.path): r.audit for r in ROUTES if r.audit}
+    assert {(r.method, r.path): r.audit for r in ROUTES if r.audit} == AUDITED
     assert set(AUDITED.values()) == {"calibrate", "rollback", "delete", "refresh"}
     admin = {r.name for r in ROUTES if r.auth == "admin"}
     assert {r.name for r in ROUTES if r.audit} == admin  # every admin action is audited
