@@ -1,10 +1,11 @@
 """The package's shape: imports point down the layers, never up, and never in a cycle;
 the wire path imports without torch.
 
-Layers, lowest first: the profile schema and stores; the engine (model-agnostic core); the
-model families; the service's building blocks (settings, errors, schemas, decode, metrics,
-client) beside the evaluation, the demo and the test models; the service; the HTTP routes;
-the entry points. Every import, lazy ones inside functions included, is an edge.
+Layers, lowest first: the route table (pure data); the profile schema and stores; the
+engine (model-agnostic core); the model families; the service's building blocks (settings,
+errors, schemas, decode, metrics, client) beside the evaluation, the demo and the test
+models; the service; the HTTP routes; the entry points. Every import, lazy ones inside
+functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, ...]] = [
+    ("app.api.route_table",),  # pure data, stdlib only (moves to the light client package)
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),
