@@ -40,7 +40,7 @@ async def feedback(request: Request, service: ServiceDep) -> FeedbackResponse:
             f"content type {media_type or '(none)'!r} is not supported; send application/json"
         )
     body: FeedbackRequest = await read_json(request, FeedbackRequest)
-    return await service.online.feedback(body.request_id, body.answer)
+    return await service.feedback(body)
 
 
 @router.post(
@@ -57,4 +57,4 @@ async def refresh_profile(
     labels: LabelsParam = "digits",
     force: ForceParam = False,
 ) -> RefreshResponse:
-    return await service.online.refresh(name, labels, n, force)
+    return await service.refresh(name, labels, n, force)

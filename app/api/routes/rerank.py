@@ -13,7 +13,6 @@ from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES
 from app.engine.methods import METHODS
 from app.schemas import RERANK_EXAMPLE, RerankOptions, RerankRequest, RerankResponse
-from app.service.rerank import rerank as run_rerank
 from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
 
@@ -67,4 +66,4 @@ async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -
         request, settings, json_model=RerankRequest, options_model=RerankOptions,
         files_field="documents", max_files=settings.max_rerank_candidates,
     )  # fmt: skip
-    return await run_rerank(service, query, documents, options)
+    return await service.rerank(options, query, documents)

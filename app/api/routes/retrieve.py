@@ -11,7 +11,7 @@ from app.api.bodies import read_query_body
 from app.api.deps import RetrieveAuth, ServiceDep, SettingsDep
 from app.api.openapi import json_or_form_body
 from app.api.route_errors import error_responses
-from app.engine.labels import SCHEMES, parse_labels
+from app.engine.labels import TEXT_PATTERN, parse_labels
 from app.engine.methods import METHODS
 from app.schemas import RETRIEVE_EXAMPLE, RetrieveOptions, RetrieveRequest, RetrieveResponse
 from app.settings import MAX_N
@@ -19,7 +19,6 @@ from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(tags=["retrieve"])
 
-_SCHEME_PATTERN = "^(" + "|".join(SCHEMES) + r")$|^\[.*\]$|^[^,]+(,[^,]+)+$"
 _MULTIPART_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["query", "images"],
@@ -33,7 +32,7 @@ _MULTIPART_SCHEMA: dict[str, Any] = {
                    "description": "retrieval method"},
         "profile": {"type": "string", "pattern": NAME_PATTERN, "default": "default",
                     "description": "calibration profile name"},
-        "labels": {"type": "string", "default": "digits", "pattern": _SCHEME_PATTERN,
+        "labels": {"type": "string", "default": "digits", "pattern": TEXT_PATTERN,
                    "description": "scheme name, or a JSON list / comma list of N labels"},
         "return_details": {"type": "boolean", "default": False,
                            "description": "also return scores, attention, layers"},
@@ -70,7 +69,4 @@ async def retrieve(
         request, settings, json_model=RetrieveRequest, options_model=RetrieveOptions,
         files_field="images", max_files=settings.max_images, form_fields=_form_labels,
     )  # fmt: skip
-    return await service.retrieve(
-        query=query, images=images, method=options.method, profile=options.profile,
-        labels=options.labels, return_details=options.return_details,
-    )
+    return await service.retrieve(options, query, images)
