@@ -4,10 +4,11 @@ encode, as stages over a per-request context.
 ``Pipeline`` holds what every handler shares (the settings, the runner, the decoder, the
 model worker, the profiles, the method configuration, the metrics) and the stages that more
 than one feature runs: the labels (resolved once per request and N), the plan (the profiles
-a method needs, and the one vanilla fallback), the run (instances through the worker's
-queue) and the debias step (the one ``apply_method`` call of the service). A handler in
-``app.service.handlers`` strings the stages together for its feature and encodes its own
-wire schema; numpy arrays and engine dataclasses never leave the service package.
+a method needs, and the one vanilla fallback), the run's instances (through the worker's
+queue, whose evidence is cast to float64 once, there) and the debias step (the one
+``apply_method`` call of the service). A handler in ``app.service.handlers`` strings the
+stages together for its feature and encodes its own wire schema; numpy arrays and engine
+dataclasses never leave the service package.
 """
 
 from __future__ import annotations
@@ -136,10 +137,6 @@ class Pipeline:
             Work(RetrievalItem(query, [images[p] for p in order]), labels.spec)
             for order in debias.rotations(len(images))[:rotations]
         ]
-
-    async def run(self, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:
-        """The queue, forward and score stages (float64 evidence, cast once by the worker)."""
-        return await self.worker.run(works, bulk=bulk)
 
     # -------------------------------------------------------------------- debias
     def debias(self, method: str, results: Sequence[WorkResult], profile: Profile | None

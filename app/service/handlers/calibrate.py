@@ -119,7 +119,7 @@ async def _calibrate(p: Pipeline, request: CalibrateRequest, t0: float) -> Calib
     ]
     plan = multi_n_instances(examples, sizes, request.seed)
     works = [w for n in sizes for q, images in plan[n][0] for w in p.works(q, images, labels[n], 1)]
-    results = iter(await p.run(works, bulk=True))
+    results = iter(await p.worker.run(works, bulk=True))
     extra = {"negatives_seed": request.seed, "candidates": min(len(x[1]) for x in examples)}
     profiles = []
     for n in sizes:

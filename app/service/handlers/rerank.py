@@ -100,7 +100,7 @@ async def rerank(p: Pipeline, options: RerankOptions, query: str,
             work for w in windows
             for work in p.works(query, [pil[i] for i in w], labels[len(w)], passes(method, len(w)))
         ]  # fmt: skip
-        results = await p.run(works, bulk=len(works) > p.settings.max_queue)
+        results = await p.worker.run(works, bulk=len(works) > p.settings.max_queue)
         spent += len(works)
         probabilities, at = [], 0
         for w in windows:

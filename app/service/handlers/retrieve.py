@@ -58,7 +58,7 @@ async def run(p: Pipeline, ctx: Context) -> None:
     assert ctx.labels is not None
     submitted = time.perf_counter()
     works = p.works(ctx.query, ctx.pil, ctx.labels, passes(ctx.method, ctx.n))
-    ctx.results = results = await p.run(works, bulk=False)
+    ctx.results = results = await p.worker.run(works, bulk=False)
     batches = {r.batch_id: r for r in results}.values()
     t = ctx.timings
     t["queue"] = max(0.0, (min(r.started for r in results) - submitted) * 1e3)
