@@ -32,8 +32,8 @@ from app.schemas import (
     RetrieveOptions,
     RetrieveResponse,
 )
+from app.service import handlers
 from app.service.feedback import OnlineService
-from app.service.handlers import calibrate, feedback, profiles, rerank, retrieve
 from app.service.pipeline import Pipeline
 from app.service.profiles import ProfileService
 from app.settings import Settings
@@ -118,30 +118,30 @@ class Service:
     # -------------------------------------------------------------------- the routes' handlers
     async def retrieve(self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
                        ) -> RetrieveResponse:  # fmt: skip
-        return await retrieve.retrieve(self.pipeline, self.online, options, query, images)
+        return await handlers.retrieve.retrieve(self.pipeline, self.online, options, query, images)
 
     async def rerank(self, options: RerankOptions, query: str, documents: Sequence[ImageInput]
                      ) -> RerankResponse:  # fmt: skip
-        return await rerank.rerank(self.pipeline, options, query, documents)
+        return await handlers.rerank.rerank(self.pipeline, options, query, documents)
 
     async def calibrate(self, request: CalibrateRequest) -> CalibrateResponse:
-        return await calibrate.calibrate(self.pipeline, request)
+        return await handlers.calibrate.calibrate(self.pipeline, request)
 
     async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
-        return await feedback.feedback(self.online, body)
+        return await handlers.feedback.feedback(self.online, body)
 
     async def refresh(self, name: str, labels: str, n: int, force: bool) -> RefreshResponse:
-        return await feedback.refresh(self.online, name, labels, n, force)
+        return await handlers.feedback.refresh(self.online, name, labels, n, force)
 
     async def list_profiles(self) -> ProfileList:
-        return await profiles.list_profiles(self.online)
+        return await handlers.profiles.list_profiles(self.online)
 
     async def profile(self, name: str) -> ProfileSummary:
-        return await profiles.detail(self.online, name)
+        return await handlers.profiles.detail(self.online, name)
 
     async def delete_profile(self, name: str, labels: str, n: int) -> ProfileDeleted:
-        return await profiles.delete(self.online, name, labels, n)
+        return await handlers.profiles.delete(self.online, name, labels, n)
 
     async def rollback_profile(self, name: str, labels: str, n: int, version: int | None
                                ) -> ProfileRolledBack:  # fmt: skip
-        return await profiles.rollback(self.online, name, labels, n, version)
+        return await handlers.profiles.rollback(self.online, name, labels, n, version)
