@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+import app.service.handlers as handlers
 from app.decode import ImageInput
 from app.engine.interface import RunnerLike
 from app.metrics import Metrics
@@ -32,7 +33,6 @@ from app.schemas import (
     RetrieveOptions,
     RetrieveResponse,
 )
-from app.service import handlers
 from app.service.feedback import OnlineService
 from app.service.pipeline import Pipeline
 from app.service.profiles import ProfileService
