@@ -40,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 from app import errors
-from app.engine.labels import resolve_labels
+from app.engine.labels import Labels
 from app.image_headers import check_header
 from app.settings import Settings
 
@@ -391,6 +391,11 @@ class Decoder:
 
     def candidates(self, n: int, labels: str | Sequence[str], where: str = "images") -> list[str]:
         """N within limits and a label scheme that can name N images; returns the labels."""
+        return list(self.labels(n, labels, where).strings)
+
+    def labels(self, n: int, labels: str | Sequence[str], where: str = "images") -> Labels:
+        """N within limits and labels that can name N images, resolved (the one place a
+        request's labels are resolved), within the label limits."""
         if n < 2:
             raise errors.TooFewImages(
                 f"{where} has {n} image(s); retrieval needs N >= 2 candidates"
@@ -400,17 +405,17 @@ class Decoder:
                 f"{where} has {n} images; the limit is LAD_MAX_IMAGES={self.settings.max_images}"
             )
         try:
-            strings = resolve_labels(labels, n)
+            resolved = Labels.resolve(labels, n)
         except ValueError as exc:
             raise errors.InvalidLabels(str(exc)) from None
         limit = self.settings.max_label_chars
-        for j, label in enumerate(strings):
+        for j, label in enumerate(resolved.strings):
             if len(label) > limit:
                 raise errors.InvalidLabels(
                     f"label {j} has {len(label)} characters; LAD_MAX_LABEL_CHARS={limit}"
                 )
             self._plain_text(label, f"label {j}", errors.InvalidLabels)
-        return strings
+        return resolved
 
     def check_label_tokens(self, token_counts: Sequence[int]) -> None:
         """The labels' total token count (as the model tokenises them) within the limit."""

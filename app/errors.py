@@ -258,9 +258,6 @@ ERRORS: tuple[type[ServiceError], ...] = (
 )  # fmt: skip
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 
-HTTP_STATUS: dict[type[ServiceError], int] = {cls: cls.status for cls in ERRORS}
-"""Cause -> HTTP status (derived from the table)."""
-
 _BY_STATUS: dict[int, type[ServiceError]] = {
     400: BadRequest,
     401: Unauthorized,

@@ -1,9 +1,9 @@
 """Adaptive batcher: one worker thread, one bounded queue, batches formed by what is waiting.
 
-Generic on purpose (it knows nothing about images or models): callers `await submit(item)`
-from any event loop; the worker thread calls `handler(items) -> results` (one result per
-item, same order) and resolves each caller's future. The handler runs only on the worker
-thread, so whatever it owns (a model) is never touched concurrently.
+Generic on purpose (it knows nothing about images or models): callers `submit_many(items)`
+from any event loop and await the futures; the worker thread calls `handler(items) ->
+results` (one result per item, same order) and resolves each caller's future. The handler
+runs only on the worker thread, so whatever it owns (a model) is never touched concurrently.
 
 Batches form without a timer: an idle worker starts the first item at once, together with
 whatever else is already queued (up to `max_batch_size`); items that arrive while a batch
@@ -157,28 +157,6 @@ class Batcher(Generic[T, R]):
                 q.unfinished_tasks += 1
             q.not_empty.notify(len(pending))
         return [p.future for p in pending]
-
-    async def submit(self, item: T, *, wait_for_room: bool = False) -> R:
-        """Queue `item` and wait for its result.
-
-        Raises QueueFull at once when the queue is full, unless `wait_for_room` (used for
-        internal bulk work such as calibration), in which case it waits for a free slot.
-        """
-        if not self.running:
-            raise BatcherStopped("the batcher is not running")
-        loop = asyncio.get_running_loop()
-        pending = _Pending(item=item, future=loop.create_future(), loop=loop)
-        delay = 0.001
-        while True:
-            try:
-                self._queue.put_nowait(pending)
-                break
-            except queue.Full:
-                if not wait_for_room:
-                    raise QueueFull(self.depth, self.retry_after_s()) from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        return await pending.future
 
     # ------------------------------------------------------------------ worker
 

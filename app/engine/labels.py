@@ -12,11 +12,22 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SCHEMES: tuple[str, ...] = ("digits", "upper", "lower", "roman", "words")
 
 LabelSpec = str | tuple[str, ...]
 """A scheme name or an explicit tuple of N labels (hashable: it keys caches and batches)."""
+
+_LIST_PATTERN = r"^\[.*\]$|^[^,]+(,[^,]+)+$"
+SCHEME_PATTERN = "^(" + "|".join(SCHEMES) + ")$"
+"""A scheme name (rerank: its windows vary in N, so no explicit list)."""
+TEXT_PATTERN = "^(" + "|".join(SCHEMES) + r")$|" + _LIST_PATTERN
+"""A labels value sent as text (a form field): a scheme name, a JSON list or a comma list."""
+STORED_TEXT_PATTERN = "^(" + "|".join(SCHEMES) + r"|custom:[0-9a-f]{8})$|" + _LIST_PATTERN
+"""A labels value naming a stored profile (a query parameter): the text forms, or a stored
+``custom:<hash>`` as the profile routes list it. These patterns only shape the OpenAPI
+document and refuse garbage early; :func:`parse_labels` and :func:`resolve_labels` decide."""
 
 _ONES = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -94,7 +105,11 @@ def scheme_name(spec: str | Sequence[str]) -> str:
         if spec not in SCHEMES:
             raise ValueError(f"unknown label scheme {spec!r}; use one of {SCHEMES} or a list")
         return spec
-    labels = resolve_labels(spec, len(list(spec)))
+    return _named(resolve_labels(spec, len(list(spec))))
+
+
+def _named(labels: list[str]) -> str:
+    """The scheme name of resolved labels (a named scheme's, else ``custom:<hash>``)."""
     for name in SCHEMES:
         limit = _SCHEME_LIMITS[name]
         if (limit is None or len(labels) <= limit) and labels == _scheme_labels(name, len(labels)):
@@ -150,3 +165,25 @@ def stored_scheme(labels: LabelSpec) -> str:
     if isinstance(labels, str) and labels.startswith("custom:"):
         return labels
     return scheme_name(labels)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """The labels of one request for one N, resolved once: the value as sent (hashable; the
+    runner prompts and scores with it), the N strings and the scheme name profiles are kept
+    under. Everything after the decode stage reads these fields instead of re-resolving."""
+
+    spec: LabelSpec
+    strings: tuple[str, ...]
+    scheme: str
+
+    @property
+    def n(self) -> int:
+        return len(self.strings)
+
+    @classmethod
+    def resolve(cls, value: str | Sequence[str], n: int) -> Labels:
+        """Raises ValueError (an unknown scheme, a list of the wrong length, duplicates)."""
+        spec = label_spec(value)
+        strings = resolve_labels(spec, n)
+        return cls(spec, tuple(strings), spec if isinstance(spec, str) else _named(strings))

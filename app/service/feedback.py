@@ -23,11 +23,11 @@ from app.engine.calibrate import CalibrationStats
 from app.engine.calibration_diagnostics import calibration_diagnostics
 from app.engine.methods import MethodConfig
 from app.engine.refresh import online_stats, refresh_calibration
-from app.schemas import FeedbackResponse, ProfileSummary, RefreshResponse
+from app.schemas import ProfileSummary, RefreshResponse
 from app.service.profiles import ProfileService, calibration_of
 from app.settings import Settings
 from calibration_store import Evidence, OnlineStore, Profile, ProfileKey, StoreError
-from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, FeedbackSnapshot
+from calibration_store.evidence import FeedbackSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class OnlineService:
         self.config = config
         self._skip_until = 0.0
 
-    async def _call(self, fn: Any, *args: Any) -> Any:
+    async def call(self, fn: Any, *args: Any) -> Any:
+        """An online-store call off the event loop, store errors translated."""
         try:
             return await run_in_threadpool(fn, *args)
         except StoreError as exc:
@@ -88,42 +89,9 @@ class OnlineService:
         except ValueError as exc:
             log.warning("evidence of request %s not kept: %s", request_id, exc)
 
-    # ------------------------------------------------------------------ feedback
-    async def feedback(self, request_id: str, answer: int) -> FeedbackResponse:
-        evidence = await self._call(self.online.get_evidence, request_id)
-        if evidence is None:
-            raise errors.RequestNotFound(
-                f"no evidence for request {request_id!r}: unknown, or older than "
-                f"{self.settings.evidence_ttl_s:g} s (LAD_EVIDENCE_TTL_S)"
-            )
-        key: ProfileKey = evidence.key
-        logs.note(profile=key.name, labels=key.label_scheme, n=key.n)
-        if answer >= key.n:
-            raise errors.InvalidRequest(f"answer {answer} is not an index of the request's "
-                                        f"{key.n} images (0..{key.n - 1})")  # fmt: skip
-        exists = self.profiles.store.get(key) is not None
-        result = await self._call(self.online.feedback, request_id, answer, exists)
-        if result.outcome == PROFILE_GONE:
-            raise errors.ProfileGone(
-                f"profile {key.name!r} (labels {key.label_scheme}, N={key.n}) that request "
-                f"{request_id!r} was served under no longer exists; feedback is not kept"
-            )
-        if result.outcome not in (COUNTED, DUPLICATE):
-            raise errors.RequestNotFound(f"the evidence of request {request_id!r} expired")
-        self.metrics.feedback.labels(outcome=result.outcome).inc()
-        refresh = None
-        if result.outcome == COUNTED and self.settings.feedback_refresh_every > 0:
-            refresh = await self._auto_refresh(key)
-        return FeedbackResponse(
-            request_id=request_id, counted=result.outcome == COUNTED,
-            answer=int(result.answer if result.answer is not None else answer),
-            profile=key.name, labels=key.label_scheme, n=key.n, held_out=result.held_out,
-            refresh=refresh,
-        )  # fmt: skip
-
-    async def _auto_refresh(self, key: ProfileKey) -> dict[str, Any] | None:
+    async def auto_refresh(self, key: ProfileKey) -> dict[str, Any] | None:
         """Refresh when LAD_FEEDBACK_REFRESH_EVERY new feedback arrived (one replica claims it)."""
-        claimed = await self._call(self.online.claim_refresh, key,
+        claimed = await self.call(self.online.claim_refresh, key,
                                    self.settings.feedback_refresh_every)  # fmt: skip
         if not claimed:
             return None
@@ -135,11 +103,6 @@ class OnlineService:
         return {"live": done.live, "reason": done.reason, "version": done.version}
 
     # ------------------------------------------------------------------ refresh
-    async def refresh(self, name: str, labels: str, n: int, force: bool) -> RefreshResponse:
-        key = self.profiles.stored_key(name, labels, n)
-        logs.note(profile=name, labels=key.label_scheme, n=n)
-        return await self.refresh_key(key, force)
-
     async def refresh_key(self, key: ProfileKey, force: bool) -> RefreshResponse:
         live = await self.profiles.call("get", self.profiles.store.get, key)
         if live is None:
@@ -151,7 +114,7 @@ class OnlineService:
                 f"profile {key.name!r} v{live.version} keeps no offline calibration statistics "
                 "(calibrated before online calibration existed); recalibrate it once"
             )
-        snap: FeedbackSnapshot = await self._call(self.online.snapshot, key, len(live.layers))
+        snap: FeedbackSnapshot = await self.call(self.online.snapshot, key, len(live.layers))
         offline = CalibrationStats.from_dict(live.calibration_statistics)
         fb = online_stats(snap, self.settings.refresh_prior)
         out = refresh_calibration(
@@ -190,7 +153,7 @@ class OnlineService:
             decision["candidate"] = {"bias_matrix": new.bias_matrix.tolist(),
                                      "attention_prior": new.attention_prior.tolist(),
                                      "provenance": provenance}  # fmt: skip
-        await self._call(self.online.record_refresh, key, decision)
+        await self.call(self.online.record_refresh, key, decision)
         self.metrics.refreshes.labels(decision="live" if go else "candidate").inc()
         logs.note(version=version)
         return RefreshResponse(
@@ -221,14 +184,14 @@ class OnlineService:
         """Fill each entry's ``online`` block (GET /v1/profiles/{name})."""
         for entry in summary.entries:
             key = self.profiles.key(summary.name, entry.labels, entry.n)
-            profile = self.profiles.store.get(key)
+            profile = await self.profiles.call("get", self.profiles.store.get, key)
             if profile is not None:
-                entry.online = await self._call(self._status, key, profile)
+                entry.online = await self.call(self._status, key, profile)
         return summary
 
     async def forget(self, name: str, labels: str, n: int) -> None:
         """A deleted profile's feedback statistics go with it."""
-        await self._call(self.online.reset, self.profiles.stored_key(name, labels, n))
+        await self.call(self.online.reset, self.profiles.stored_key(name, labels, n))
 
 
 def calibration_record(stats: CalibrationStats, scores: Any, attention: Any, gt: Any,

@@ -82,16 +82,20 @@ class ProfileService:
         """The profile serving (name, labels, N), None if uncalibrated; raises ProfileMismatch
         when it was calibrated under another engine. Reads the in-memory copy: call it off
         the event loop like every store call."""
-        scheme = self.fingerprint(labels, n).label_scheme
-        profile = self.store.get(self.key(name, scheme, n))
+        return self.serving(self.key(name, self.fingerprint(labels, n).label_scheme, n))
+
+    def serving(self, key: ProfileKey) -> Profile | None:
+        """The profile serving ``key`` (see :meth:`current`; blocking, off the event loop)."""
+        profile = self.store.get(key)
         if profile is None:
             return None
         diff = self.mismatches(profile)
         if diff:
             what = ", ".join(f"{k}: profile {a!r} vs engine {b!r}" for k, (a, b) in diff.items())
             raise errors.ProfileMismatch(
-                f"profile {name!r} v{profile.version} (labels {scheme}, N={n}) was calibrated "
-                f"under a different engine ({what}); recalibrate with POST /v1/calibrate"
+                f"profile {key.name!r} v{profile.version} (labels {key.label_scheme}, "
+                f"N={key.n}) was calibrated under a different engine ({what}); recalibrate "
+                "with POST /v1/calibrate"
             )
         return profile
 

@@ -28,7 +28,7 @@ async def feedback(request: Request, service: ServiceDep) -> FeedbackResponse:
     """Adds the retrieval's evidence (kept LAD_EVIDENCE_TTL_S) to its profile's feedback
     statistics, once per request id; a repeat answers `counted: false`."""
     body: FeedbackRequest = await read_json(request, FeedbackRequest)
-    return await service.online.feedback(body.request_id, body.answer)
+    return await service.feedback(body)
 
 
 @register(router, "refresh_profile")
@@ -39,4 +39,4 @@ async def refresh_profile(
     labels: LabelsParam = "digits",
     force: ForceParam = False,
 ) -> RefreshResponse:
-    return await service.online.refresh(name, labels, n, force)
+    return await service.refresh(name, labels, n, force)

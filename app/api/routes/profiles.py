@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import ServiceDep
 from app.api.registry import register
-from app.engine.labels import SCHEMES
+from app.engine.labels import STORED_TEXT_PATTERN
 from app.schemas import (
     MAX_VERSION,
     ProfileDeleted,
@@ -21,11 +21,6 @@ from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(tags=["profiles"])
 
-LABELS_PATTERN = (
-    "^(" + "|".join(SCHEMES) + r"|custom:[0-9a-f]{8})$|^\[.*\]$|^[^,]+(,[^,]+)+$"
-)
-"""A scheme name, a stored ``custom:<hash>`` as listed, or a JSON / comma list of labels."""
-
 NameParam = Annotated[
     str, Path(pattern=NAME_PATTERN, description="profile name", examples=["default"])
 ]
@@ -35,7 +30,7 @@ NParam = Annotated[
 LabelsParam = Annotated[
     str,
     Query(
-        pattern=LABELS_PATTERN, max_length=MAX_N * 33 + 2, examples=["digits"],
+        pattern=STORED_TEXT_PATTERN, max_length=MAX_N * 33 + 2, examples=["digits"],
         description='label scheme: "digits", "upper", ..., "custom:<hash>" as listed, or a '
         "comma list (or JSON list) of the N labels",
     ),
@@ -49,24 +44,22 @@ VersionParam = Annotated[
 
 @register(router, "list_profiles")
 async def list_profiles(service: ServiceDep) -> ProfileList:
-    return await service.profiles.list()
+    return await service.list_profiles()
 
 
 @register(router, "get_profile")
 async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
-    return await service.online.annotate(await service.profiles.detail(name))
+    return await service.profile(name)
 
 
 @register(router, "delete_profile")
 async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
                          labels: LabelsParam = "digits") -> ProfileDeleted:
-    deleted = await service.profiles.delete(name, labels, n)
-    await service.online.forget(name, labels, n)
-    return deleted
+    return await service.delete_profile(name, labels, n)
 
 
 @register(router, "rollback_profile")
 async def rollback_profile(name: NameParam, n: NParam, service: ServiceDep,
                            labels: LabelsParam = "digits",
                            version: VersionParam = None) -> ProfileRolledBack:
-    return await service.profiles.rollback(name, labels, n, version)
+    return await service.rollback_profile(name, labels, n, version)

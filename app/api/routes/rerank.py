@@ -8,7 +8,6 @@ from app.api.bodies import read_query_body
 from app.api.deps import ServiceDep, SettingsDep
 from app.api.registry import register
 from app.schemas import RerankOptions, RerankRequest, RerankResponse
-from app.service.rerank import rerank as run_rerank
 
 router = APIRouter(tags=["rerank"])
 
@@ -30,4 +29,4 @@ async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -
         request, settings, json_model=RerankRequest, options_model=RerankOptions,
         files_field="documents", max_files=settings.max_rerank_candidates,
     )  # fmt: skip
-    return await run_rerank(service, query, documents, options)
+    return await service.rerank(options, query, documents)

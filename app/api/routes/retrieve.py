@@ -36,7 +36,4 @@ async def retrieve(
         request, settings, json_model=RetrieveRequest, options_model=RetrieveOptions,
         files_field="images", max_files=settings.max_images, form_fields=_form_labels,
     )  # fmt: skip
-    return await service.retrieve(
-        query=query, images=images, method=options.method, profile=options.profile,
-        labels=options.labels, return_details=options.return_details,
-    )
+    return await service.retrieve(options, query, images)

@@ -16,6 +16,12 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+async def _submit(batcher: Batcher, item: int) -> int:
+    """One item through ``submit_many`` (the batcher's one way in), awaited."""
+    (future,) = batcher.submit_many([item])
+    return await future
+
+
 class Recorder:
     """Handler that doubles numbers and records batch sizes and the thread it ran on."""
 
@@ -38,7 +44,7 @@ def test_results_match_items_and_batches_form() -> None:
     batcher.start()
 
     async def go() -> list[int]:
-        return await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+        return await asyncio.gather(*(_submit(batcher, i) for i in range(10)))
 
     try:
         assert _run(go()) == [2 * i for i in range(10)]
@@ -56,7 +62,7 @@ def test_max_batch_size_one_never_batches() -> None:
     batcher.start()
 
     async def go() -> list[int]:
-        return await asyncio.gather(*(batcher.submit(i) for i in range(6)))
+        return await asyncio.gather(*(_submit(batcher, i) for i in range(6)))
 
     try:
         assert _run(go()) == [0, 2, 4, 6, 8, 10]
@@ -70,7 +76,7 @@ def test_single_item_waits_no_longer_than_max_wait() -> None:
     batcher.start()
     try:
         t0 = time.perf_counter()
-        assert _run(batcher.submit(21)) == 42
+        assert _run(_submit(batcher, 21)) == 42
         assert time.perf_counter() - t0 < 1.0
     finally:
         batcher.stop()
@@ -87,12 +93,12 @@ def test_full_queue_raises_queue_full_with_retry_after() -> None:
     batcher.start()
 
     async def go() -> QueueFull:
-        first = asyncio.ensure_future(batcher.submit(0))  # taken by the worker, blocks
+        first = asyncio.ensure_future(_submit(batcher, 0))  # taken by the worker, blocks
         await asyncio.sleep(0.05)
-        queued = [asyncio.ensure_future(batcher.submit(i)) for i in (1, 2)]  # fill the queue
+        queued = [asyncio.ensure_future(_submit(batcher, i)) for i in (1, 2)]  # fill the queue
         await asyncio.sleep(0.01)
         with pytest.raises(QueueFull) as info:
-            await batcher.submit(3)
+            await _submit(batcher, 3)
         release.set()
         assert await first == 0
         assert await asyncio.gather(*queued) == [1, 2]
@@ -106,19 +112,6 @@ def test_full_queue_raises_queue_full_with_retry_after() -> None:
     assert err.retry_after_s >= 1
 
 
-def test_wait_for_room_waits_instead_of_failing() -> None:
-    batcher = Batcher(Recorder(delay_s=0.005), max_batch_size=2, max_wait_ms=1, max_queue=2)
-    batcher.start()
-
-    async def go() -> list[int]:
-        return await asyncio.gather(*(batcher.submit(i, wait_for_room=True) for i in range(20)))
-
-    try:
-        assert _run(go()) == [2 * i for i in range(20)]
-    finally:
-        batcher.stop()
-
-
 def test_failing_item_fails_alone_and_worker_survives() -> None:
     def picky(items: list[int]) -> list[int]:
         if 13 in items:
@@ -130,14 +123,14 @@ def test_failing_item_fails_alone_and_worker_survives() -> None:
 
     async def go() -> list[object]:
         return await asyncio.gather(
-            *(batcher.submit(i) for i in (1, 13, 2)), return_exceptions=True
+            *(_submit(batcher, i) for i in (1, 13, 2)), return_exceptions=True
         )
 
     try:
         results = _run(go())
         assert results[0] == 2 and results[2] == 3
         assert isinstance(results[1], ValueError)
-        assert _run(batcher.submit(5)) == 6  # still serving
+        assert _run(_submit(batcher, 5)) == 6  # still serving
         assert batcher.running
     finally:
         batcher.stop()
@@ -148,7 +141,7 @@ def test_wrong_result_count_is_an_error_not_a_hang() -> None:
     batcher.start()
     try:
         with pytest.raises(RuntimeError, match="returned 0 results"):
-            _run(batcher.submit(1))
+            _run(_submit(batcher, 1))
     finally:
         batcher.stop()
 
@@ -156,13 +149,13 @@ def test_wrong_result_count_is_an_error_not_a_hang() -> None:
 def test_submit_before_start_and_after_stop() -> None:
     batcher = Batcher(Recorder(), max_batch_size=2, max_wait_ms=0, max_queue=4)
     with pytest.raises(BatcherStopped):
-        _run(batcher.submit(1))
+        _run(_submit(batcher, 1))
     batcher.start()
-    assert _run(batcher.submit(1)) == 2
+    assert _run(_submit(batcher, 1)) == 2
     batcher.stop()
     assert not batcher.running
     with pytest.raises(BatcherStopped):
-        _run(batcher.submit(1))
+        _run(_submit(batcher, 1))
 
 
 def test_depth_counts_waiting_items() -> None:
@@ -176,7 +169,7 @@ def test_depth_counts_waiting_items() -> None:
     batcher.start()
 
     async def go() -> int:
-        futures = [asyncio.ensure_future(batcher.submit(i)) for i in range(4)]
+        futures = [asyncio.ensure_future(_submit(batcher, i)) for i in range(4)]
         await asyncio.sleep(0.1)
         depth = batcher.depth
         release.set()

@@ -1,0 +1,124 @@
+"""POST /v1/rerank behind the route: many candidates through the windowed tournament of
+``app.engine.tournament`` (design §2.10), every window of a round in one batch of forward
+passes, each window debiased with the profile of its own N.
+
+The same stages as retrieval, per window: decode (counts, top_n, the labels of every window
+size, resolved once each) -> plan (the profile of every window size, or the fallback) ->
+run (one round's windows in one batch) -> debias (each window) -> encode. Everything that
+can refuse the request is checked before any image is decoded or any forward runs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+
+from starlette.concurrency import run_in_threadpool
+
+from app import errors, logs
+from app.decode import ImageInput
+from app.engine.labels import Labels
+from app.engine.methods import passes
+from app.engine.tournament import Tournament, window_sizes
+from app.schemas import RerankMeta, RerankOptions, RerankResponse, RerankResult
+from app.service.pipeline import Pipeline, Plan, ms_since
+
+
+def _check_counts(p: Pipeline, n: int, top_n: int | None) -> int:
+    limit = p.settings.max_rerank_candidates
+    if n < 2:
+        raise errors.TooFewImages(f"documents has {n} image(s); reranking needs >= 2")
+    if n > limit:
+        raise errors.TooManyImages(
+            f"documents has {n} images; the limit is LAD_MAX_RERANK_CANDIDATES={limit}"
+        )
+    if top_n is not None and top_n > n:
+        raise errors.InvalidRequest(f"top_n is {top_n} but there are only {n} documents")
+    return top_n or 1
+
+
+def _calibrated_sizes(p: Pipeline, profile: str, scheme: str) -> list[int]:
+    """The N the profile has a current version for (the running model, these labels)."""
+    return sorted(
+        k.n for k in p.profiles.store.list_keys(p.model_id)
+        if k.name == profile and k.label_scheme == scheme
+    )  # fmt: skip
+
+
+def _plan(p: Pipeline, options: RerankOptions, n: int, top_n: int
+          ) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:  # fmt: skip
+    """Off the event loop: the window size (default: the largest calibrated N), the rounds'
+    window sizes, the labels of each size (resolved once) and the plan (the profiles of
+    every size, or 409)."""
+    calibrated = [k for k in _calibrated_sizes(p, options.profile, options.labels)
+                  if k <= p.settings.max_images]  # fmt: skip
+    window = options.window or (calibrated[-1] if calibrated else p.settings.max_images)
+    rounds = window_sizes(n, min(window, n), top_n)
+    needed = sorted({s for r in rounds for s in r})
+    planned = sum(passes(options.method, s) for r in rounds for s in r)
+    if planned > p.settings.max_rerank_passes:
+        raise errors.InvalidRequest(
+            f"this tournament ({n} documents, window {window}, top_n {top_n}, method "
+            f"{options.method}) would take {planned} forward passes; the limit is "
+            f"LAD_MAX_RERANK_PASSES={p.settings.max_rerank_passes}: lower top_n, use a "
+            "larger window or another method"
+        )
+    labels = [p.labels(size, options.labels, "window") for size in needed]
+
+    def refuse(missing: list[int]) -> errors.ServiceError:
+        return errors.CalibrationRequired(
+            f"the tournament of {n} documents with window {window} uses windows of N = "
+            f"{needed}; profile {options.profile!r} (labels {options.labels}) has no "
+            f'calibration for N = {missing}: POST /v1/calibrate with "n": "all" and examples '
+            f'of at least {max(needed)} images, or rerank with method "vanilla" or "perm_avg"'
+        )
+
+    plan = p.plan(options.method, options.profile, labels, refuse)
+    return plan, window, rounds, {lab.n: lab for lab in labels}
+
+
+async def rerank(p: Pipeline, options: RerankOptions, query: str,
+                 documents: Sequence[ImageInput]) -> RerankResponse:  # fmt: skip
+    t0 = time.perf_counter()
+    n = len(documents)
+    logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
+    top_n = _check_counts(p, n, options.top_n)  # how many advance from each window
+    p.decoder.query(query)
+    async with p.decoder.slot():
+        plan, window, rounds, labels = await run_in_threadpool(_plan, p, options, n, top_n)
+        pil = await run_in_threadpool(p.decoder.images, documents, "documents")
+    if plan.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
+        logs.note(method=plan.method, fallback=True)
+    decode_ms = ms_since(t0)
+    method, profiles = plan.method, plan.profiles
+    seed = options.seed if options.seed is not None else secrets.randbits(32)
+    tournament = Tournament(n, min(window, n), top_n, seed)
+    spent = 0
+    while (windows := tournament.next_round()) is not None:
+        works = [
+            work for w in windows
+            for work in p.works(query, [pil[i] for i in w], labels[len(w)], passes(method, len(w)))
+        ]  # fmt: skip
+        results = await p.worker.run(works, bulk=len(works) > p.settings.max_queue)
+        spent += len(works)
+        probabilities, at = [], 0
+        for w in windows:
+            k = passes(method, len(w))
+            mine, at = results[at : at + k], at + k
+            probabilities.append(p.debias(method, mine, profiles.get(len(w))).probabilities)
+        tournament.record(probabilities)
+    scores = tournament.scores()
+    results_out = [
+        RerankResult(index=i, relevance_score=float(scores[i]))
+        for i in tournament.ranking()[: options.top_n or n]
+    ]
+    meta = RerankMeta(
+        method=method, model=p.model_id,
+        profile={str(size): prof.version for size, prof in sorted(profiles.items())} or None,
+        window=min(window, n), seed=seed, rounds=tournament.rounds_played, windows=rounds,
+        forward_passes=spent,
+        timings_ms={"decode": decode_ms, "forward": ms_since(t0) - decode_ms,
+                    "total": ms_since(t0)},
+    )  # fmt: skip
+    return RerankResponse(results=results_out, meta=meta)
