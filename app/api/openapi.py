@@ -1,5 +1,5 @@
-"""The OpenAPI document tells the truth: the limits of the running settings (each route's
-error codes come from ``app.api.route_errors``).
+"""The OpenAPI document tells the truth: the limits of the running settings and the error
+codes of this server (each route's error codes come from ``app.api.route_errors``).
 
 Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
 patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_RERANK_CANDIDATES,
@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.errors import ERRORS
 from app.settings import Settings
 
 
@@ -84,6 +85,15 @@ def _hoist_defs(document: dict[str, Any]) -> None:
     rewrite(components)
 
 
+def _enumerate_error_codes(document: dict[str, Any]) -> None:
+    """List this server's error codes (``app.errors.ERRORS``) as the enum of
+    ``ErrorDetail.code``: the wire type keeps a plain string so that a client accepts the
+    codes a newer server adds, the document says which ones this server answers."""
+    detail = document.get("components", {}).get("schemas", {}).get("ErrorDetail")
+    if detail is not None:
+        detail["properties"]["code"]["enum"] = [cls.code for cls in ERRORS]
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Generate the document once, with the running settings' limits."""
 
@@ -94,6 +104,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 routes=app.routes,
             )  # fmt: skip
             _hoist_defs(document)
+            _enumerate_error_codes(document)
             _patch_limits(document, settings)
             app.openapi_schema = document
         return app.openapi_schema

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from app import errors
-from app.schemas import ErrorResponse
+from lad_client.types import ErrorResponse
 
 Route = tuple[str, str]  # (HTTP verb, route template)
 

@@ -26,12 +26,12 @@ from app.engine.calibrate import (
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec
 from app.engine.methods import MethodConfig
-from app.schemas import CalibratedN, CalibrateRequest, CalibrateResponse
 from app.service.feedback import calibration_record
 from app.service.profiles import ProfileService
 from app.service.worker import ModelWorker, Work
 from app.settings import Settings
 from calibration_store import Fingerprint, Profile
+from lad_client.types import CalibratedN, CalibrateRequest, CalibrateResponse
 
 
 class Service(Protocol):

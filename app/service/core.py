@@ -24,14 +24,6 @@ from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec, label_spec, scheme_name
 from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, apply_method, passes
 from app.metrics import Metrics
-from app.schemas import (
-    CalibrateRequest,
-    CalibrateResponse,
-    ProfileRef,
-    Readiness,
-    RetrieveDetails,
-    RetrieveResponse,
-)
 from app.service.calibration import build_profile, calibrate_sizes, calibrated_response
 from app.service.feedback import OnlineService
 from app.service.profiles import ProfileService, calibration_of
@@ -39,6 +31,14 @@ from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
 from calibration_store import OnlineStore, Profile, ProfileStore
 from calibration_store.evidence import MemoryOnlineStore
+from lad_client.types import (
+    CalibrateRequest,
+    CalibrateResponse,
+    ProfileRef,
+    Readiness,
+    RetrieveDetails,
+    RetrieveResponse,
+)
 
 _PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s",
                         "writes")  # fmt: skip

@@ -22,11 +22,11 @@ from app.engine.interface import RetrievalItem
 from app.engine.labels import label_spec
 from app.engine.methods import NEEDS_CALIBRATION, apply_method, passes
 from app.engine.tournament import Tournament, window_sizes
-from app.schemas import RerankMeta, RerankOptions, RerankResponse, RerankResult
 from app.service.calibration import Service as CalibratingService
 from app.service.profiles import calibration_of
 from app.service.worker import Work
 from calibration_store import Profile
+from lad_client.types import RerankMeta, RerankOptions, RerankResponse, RerankResult
 
 
 class Service(CalibratingService, Protocol):

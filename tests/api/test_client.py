@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from app.client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
-from app.schemas import CalibrateResponse, ProfileList, RetrieveResponse
+from lad_client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
+from lad_client.types import CalibrateResponse, ProfileList, RetrieveResponse
 from tests.api.helpers import png_bytes
 
 
@@ -134,7 +134,7 @@ def test_retry_after_reads_seconds_and_http_dates():
 def test_client_reranks_and_calibrates_every_n(live_server):
     """LadClient and AsyncLadClient against a running server: calibrate n="all", rerank."""
     from app.demo.world import make_items
-    from app.schemas import RerankResponse
+    from lad_client.types import RerankResponse
 
     server = live_server()
     wide = make_items(2, n_candidates=4, setting="random", seed="calibration", image_size=56)

@@ -8,7 +8,7 @@ from app import errors
 from app.api.bodies import content_type, is_json, read_json
 from app.api.deps import AdminAuth, ServiceDep
 from app.api.route_errors import error_responses
-from app.schemas import (
+from lad_client.types import (
     CALIBRATE_EXAMPLE,
     MAX_CALIBRATION_EXAMPLES,
     RECOMMENDED_CALIBRATION_EXAMPLES,

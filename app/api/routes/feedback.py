@@ -11,7 +11,7 @@ from app.api.bodies import content_type, is_json, read_json
 from app.api.deps import AdminAuth, RetrieveAuth, ServiceDep
 from app.api.route_errors import error_responses
 from app.api.routes.profiles import LabelsParam, NameParam, NParam
-from app.schemas import FeedbackRequest, FeedbackResponse, RefreshResponse
+from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
 
 router = APIRouter(tags=["online calibration"])
 

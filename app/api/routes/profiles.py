@@ -9,15 +9,15 @@ from fastapi import APIRouter, Path, Query
 from app.api.deps import AdminAuth, ServiceDep
 from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES
-from app.schemas import (
+from app.settings import MAX_N
+from calibration_store.profile import NAME_PATTERN
+from lad_client.types import (
     MAX_VERSION,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
     ProfileSummary,
 )
-from app.settings import MAX_N
-from calibration_store.profile import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 

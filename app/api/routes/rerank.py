@@ -12,10 +12,10 @@ from app.api.openapi import json_or_form_body
 from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES
 from app.engine.methods import METHODS
-from app.schemas import RERANK_EXAMPLE, RerankOptions, RerankRequest, RerankResponse
 from app.service.rerank import rerank as run_rerank
 from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
+from lad_client.types import RERANK_EXAMPLE, RerankOptions, RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
 

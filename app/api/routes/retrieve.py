@@ -13,9 +13,9 @@ from app.api.openapi import json_or_form_body
 from app.api.route_errors import error_responses
 from app.engine.labels import SCHEMES, parse_labels
 from app.engine.methods import METHODS
-from app.schemas import RETRIEVE_EXAMPLE, RetrieveOptions, RetrieveRequest, RetrieveResponse
 from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
+from lad_client.types import RETRIEVE_EXAMPLE, RetrieveOptions, RetrieveRequest, RetrieveResponse
 
 router = APIRouter(tags=["retrieve"])
 
