@@ -136,7 +136,10 @@ def test_lad_client_imports_nothing_of_the_service() -> None:
     """The client installs alone (pip install ./clients/python): no app, no store, no model."""
     code = (
         "import sys\n"
-        "import lad_client, lad_client.types, lad_client.vocabulary\n"
+        "import lad_client.vocabulary\n"
+        "light = sorted(m for m in ('httpx', 'pydantic', 'PIL') if m in sys.modules)\n"
+        "assert not light, ('the vocabulary is stdlib only', light)\n"
+        "import lad_client, lad_client.types\n"
         "from lad_client import AsyncLadClient, LadClient, LadError, RetryPolicy\n"
         "heavy = ('torch', 'transformers', 'matplotlib', 'numpy', 'fastapi', 'app',\n"
         "         'calibration_store')\n"

@@ -11,9 +11,37 @@ so client and server agree on every field.
         answer.index  # 0-based index into the images
 """
 
-from lad_client.calls import ROUTES, Example, ImageLike, Route, encode_image
-from lad_client.client import AsyncLadClient, LadClient
-from lad_client.retry import RETRY_STATUSES, LadError, RetryPolicy, error_of, retry_after_s
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lad_client.calls import ROUTES, Example, ImageLike, Route, encode_image
+    from lad_client.client import AsyncLadClient, LadClient
+    from lad_client.retry import RETRY_STATUSES, LadError, RetryPolicy, error_of, retry_after_s
+
+_HOMES = {
+    "lad_client.calls": ("ROUTES", "Example", "ImageLike", "Route", "encode_image"),
+    "lad_client.client": ("AsyncLadClient", "LadClient"),
+    "lad_client.retry": ("RETRY_STATUSES", "LadError", "RetryPolicy", "error_of", "retry_after_s"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """The client is imported on first use (PEP 562): the server's lowest layers import
+    ``lad_client.vocabulary``, which should not load httpx, pillow and every wire model."""
+    if name not in _HOME_OF:
+        raise AttributeError(f"module 'lad_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "RETRY_STATUSES",

@@ -8,10 +8,11 @@ from pydantic import BaseModel, Field
 class ErrorDetail(BaseModel):
     """What went wrong, for a program (code) and for a person (message)."""
 
+    # A plain string, so that a client parses the codes a newer server adds; the served
+    # OpenAPI document lists this server's codes as an enum (app.api.openapi).
     code: str = Field(
-        description="the stable cause (README: Limits and errors); a plain string on the "
-        "wire so that a client accepts the codes a newer server adds (the served OpenAPI "
-        "document lists the server's codes as an enum)"
+        description="the stable cause (README: Limits and errors); a newer server may add "
+        "codes, so treat an unknown one as its HTTP status"
     )
     message: str = Field(description="for a person: what happened and what to do; never parsed")
     request_id: str | None = Field(
