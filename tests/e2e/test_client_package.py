@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -62,8 +63,11 @@ def test_the_client_installs_alone_into_a_fresh_venv(tmp_path: Path) -> None:
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    source = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside it
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                                  "__pycache__"))
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", str(CLIENT)],
+        [str(python), "-m", "pip", "install", "--quiet", str(source)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
     assert install.returncode == 0, install.stdout + install.stderr
