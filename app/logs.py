@@ -4,7 +4,8 @@ Each HTTP request gets a ``RequestRecord`` (set by the request middleware of
 ``app.metrics``); the layers below fill in what they learn while handling it (``note``:
 the retrieval method, N, the profile and its version, which token was accepted). When the
 request ends the middleware writes ONE line for it on the ``lad.request`` logger, and an
-``lad.audit`` line for calibrate, rollback and delete. Every other line logged while a
+``lad.audit`` line for each admin action that changes a profile (calibrate, rollback,
+delete, refresh: the route table's ``audit``). Every other line logged while a
 request runs carries its request id, so a request can be followed through the log.
 
 ``LAD_LOG_FORMAT=json`` writes one JSON object per line (for log collectors); ``text``
@@ -26,18 +27,18 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
+from app.api.route_table import ROUTES
+
 LogFormat = Literal["json", "text"]
 
 request_log = logging.getLogger("lad.request")
 audit_log = logging.getLogger("lad.audit")
 warnings_log = logging.getLogger("lad.warnings")
 
-# route template and HTTP verb -> the audited admin action
 AUDITED: dict[tuple[str, str], str] = {
-    ("POST", "/v1/calibrate"): "calibrate",
-    ("POST", "/v1/profiles/{name}/rollback"): "rollback",
-    ("DELETE", "/v1/profiles/{name}"): "delete",
+    (route.method, route.path): route.audit for route in ROUTES if route.audit is not None
 }
+"""(HTTP verb, route template) -> the audited admin action (the route table's ``audit``)."""
 
 
 @dataclass
@@ -97,10 +98,15 @@ def request_scope(record: RequestRecord) -> Iterator[RequestRecord]:
         _CURRENT.reset(token)
 
 
-def log_request(record: RequestRecord) -> None:
-    """The one line of a finished request, and its audit line for an admin action."""
+def log_request(record: RequestRecord, *, probe: bool = False) -> None:
+    """The one line of a finished request, and its audit line for an admin action.
+
+    A ``probe`` (scrape, liveness or readiness probe) that succeeded is logged at debug
+    level only: probes come every few seconds from every orchestrator and scraper."""
     fields = record.fields()
     level = logging.ERROR if record.status >= 500 else logging.INFO
+    if probe and record.status < 400:
+        level = logging.DEBUG
     request_log.log(
         level, "%s %s %d %.1f ms", record.http_method, record.route, record.status,
         record.latency_ms, extra={"lad": fields},
@@ -165,8 +171,9 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
     """Route every logger (ours, uvicorn's, the libraries') and every library warning
     (rate-limited: ``route_warnings``) through one stderr handler.
 
-    Uvicorn's access log is not used: ``lad.request`` writes the request lines (none for
-    /metrics and /healthz). Library progress bars are turned off elsewhere (app.models).
+    Uvicorn's access log is not used: ``lad.request`` writes the request lines (for
+    /metrics, /healthz and /readyz only when they fail, or at debug level). Library
+    progress bars are turned off elsewhere (app.models).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

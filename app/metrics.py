@@ -14,14 +14,20 @@ shadow forward (``lad_debias_latency_overhead_ratio``, app.service.shadow).
 Label values that panels and alerts select (error codes, calibration outcomes, fallback
 methods and N, store operations) are created at 0, so a quiet service shows 0, not
 "No data". The ``_created`` series are off (they double every counter's series).
+
+Beside the ``lad_`` series every registry carries (app.collectors) prometheus_client's
+standard collectors (``process_*``: resident memory, CPU seconds, open and max file
+descriptors, start time; ``python_gc_*``, ``python_info``), as the default registry would, and
+``lad_build_info`` (version, model, revision, dtype, device), set when the model is loaded.
+``lad_gpu_memory_bytes`` has no samples on a replica without CUDA: the dashboard panel says
+so and the GPU alert needs the series (deploy/README.md "Series").
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import prometheus_client
@@ -34,13 +40,18 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors, logs
+from app.collectors import (
+    GpuMemoryCollector,
+    ProfileCollector,
+    ProfileRow,
+    package_version,
+    register_runtime,
+)
 from app.engine.methods import NEEDS_CALIBRATION
 
 prometheus_client.disable_created_metrics()
@@ -66,10 +77,6 @@ CLIENT_CLOSED_STATUS = 499
 CLIENT_CLOSED_CODE = "client_closed_request"
 """A client that left before its request was read (nginx's 499): not a server error."""
 
-ProfileRow = tuple[str, str, int, int, float, "list[float] | None"]
-"""(profile, labels, n, version, created timestamp, calibration position share)."""
-
-
 def error_codes() -> list[str]:
     """Every code of the error table (app.errors), the generic ones included."""
     found: set[str] = {"http_error", CLIENT_CLOSED_CODE}
@@ -82,71 +89,12 @@ def error_codes() -> list[str]:
     return sorted(found)
 
 
-class ProfileCollector(Collector):
-    """Per profile this replica serves, read at scrape time from the store's in-memory copy:
-    lad_profile_version, lad_profile_created_timestamp_seconds and
-    lad_profile_calibration_position_share (every position 0..N-1, zeros included)."""
-
-    def __init__(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        names = ["profile", "labels", "n"]
-        version = GaugeMetricFamily(
-            "lad_profile_version", "Current calibration profile version", labels=names
-        )
-        created = GaugeMetricFamily(
-            "lad_profile_created_timestamp_seconds",
-            "Creation time of the current calibration profile version (Unix seconds)",
-            labels=names,
-        )
-        share = GaugeMetricFamily(
-            "lad_profile_calibration_position_share",
-            "Share of the current version's M x N calibration passes whose raw argmax was "
-            "this position (profiles calibrated before this was recorded have none)",
-            labels=[*names, "position"],
-        )
-        try:
-            rows = list(self.source())
-        except Exception:  # a failing store must not break the scrape
-            rows = []
-        for name, labels, n, ver, ts, position_share in rows:
-            version.add_metric([name, labels, str(n)], ver)
-            created.add_metric([name, labels, str(n)], ts)
-            for position, value in enumerate(position_share or ()):
-                share.add_metric([name, labels, str(n), str(position)], value)
-        yield version
-        yield created
-        yield share
-
-
-class GpuMemoryCollector(Collector):
-    """lad_gpu_memory_bytes{device, type}: torch's allocated and reserved bytes and the
-    device's total, per CUDA device, at scrape time. Nothing without torch or CUDA (torch
-    is never imported here: the wire path stays torch-free)."""
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "lad_gpu_memory_bytes", "GPU memory: torch allocated and reserved, device total",
-            labels=["device", "type"],
-        )  # fmt: skip
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_available() and cuda.is_initialized():
-            for index in range(cuda.device_count()):
-                device = f"cuda:{index}"
-                family.add_metric([device, "allocated"], float(cuda.memory_allocated(index)))
-                family.add_metric([device, "reserved"], float(cuda.memory_reserved(index)))
-                total = cuda.get_device_properties(index).total_memory
-                family.add_metric([device, "total"], float(total))
-        yield family
-
-
 class Metrics:
     """All metrics of one service instance, registered in ``self.registry``."""
 
     def __init__(self, max_images: int = 12, max_queue: int | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        register_runtime(r)
         self._http(r)
         self._pipeline(r)
         self._answers(r, max_images)
@@ -167,7 +115,8 @@ class Metrics:
             ["route", "http_method", "method"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.in_flight = Gauge(
-            "lad_requests_in_flight", "HTTP requests being handled (not /metrics, /healthz)",
+            "lad_requests_in_flight",
+            "HTTP requests being handled (not /metrics, /healthz, /readyz)",
             registry=r,
         )  # fmt: skip
         self.errors = Counter("lad_errors", "Error answers by code", ["code"], registry=r)
@@ -228,6 +177,10 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
         )  # fmt: skip
         self.model_info = Info("lad_model", "The model this replica serves", registry=r)
+        self.build_info = Info(
+            "lad_build", "The lad-serve version and the model it runs (set once loaded)",
+            registry=r,
+        )  # fmt: skip
 
     def _state(self, r: CollectorRegistry, max_queue: int | None) -> None:
         self.queue_depth = Gauge("lad_queue_depth", "Items waiting for the model worker",
@@ -332,14 +285,23 @@ class Metrics:
         self._profiles.source = source
 
     def set_model_info(self, info: dict[str, Any]) -> None:
-        self.model_info.info({k: "" if v is None else str(v) for k, v in info.items()})
+        """``lad_model_info`` from the loaded model's facts, and ``lad_build_info`` (the
+        package version with the model id, revision, dtype and device)."""
+        text = {k: "" if v is None else str(v) for k, v in info.items()}
+        self.model_info.info(text)
+        self.build_info.info({
+            "version": package_version(), "model": text.get("model_id", ""),
+            "revision": text.get("revision", ""), "dtype": text.get("dtype", ""),
+            "device": text.get("device", ""),
+        })  # fmt: skip
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-QUIET_PATHS = frozenset({"/metrics", "/healthz"})
-"""Scrapes and liveness probes: counted, but neither in flight nor in the request log."""
+QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+"""Scrapes and probes: counted, but not in flight, and in the request log only when they
+fail (status >= 400) or at debug level: a probe every few seconds would bury the log."""
 _MAX_ERROR_BODY = 64 * 1024
 
 
@@ -356,8 +318,8 @@ class RequestMetricsMiddleware:
     """Per request: counts and latency by route template (not raw path), HTTP verb, status
     (499 for a client that left before its body was read) and retrieval method; the
     in-flight gauge; errors by code (read from the error envelope); the request's log line
-    (``app.logs``), except for QUIET_PATHS; and a ``Server-Timing: app;dur=<ms>`` response
-    header (the time until the answer starts)."""
+    (``app.logs``; for QUIET_PATHS only on failure or at debug level); and a
+    ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -415,5 +377,4 @@ class RequestMetricsMiddleware:
             record.route, record.http_method, record.status, record.latency_ms / 1e3, method,
             record.error_code,
         )  # fmt: skip
-        if not quiet:
-            logs.log_request(record)
+        logs.log_request(record, probe=quiet)

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from app import errors
+from app.api.route_table import BY_NAME, JSON, Route, find
 from app.decode import TRIM_AFTER_BYTES, release_memory
 
 
@@ -43,7 +44,28 @@ def content_type(request: Request) -> str:
 
 
 def is_json(media_type: str) -> bool:
-    return media_type == "application/json" or media_type.endswith("+json")
+    return media_type == JSON or media_type.endswith("+json")
+
+
+def table_route(request: Request) -> Route:
+    """The route table's entry of the route handling ``request``."""
+    name = getattr(request.scope.get("route"), "name", "")
+    route = BY_NAME.get(name) or find(request.method, request.url.path)
+    if route is None:
+        raise LookupError(f"{request.method} {request.url.path} is not in the route table")
+    return route
+
+
+def accepted_media_type(request: Request) -> str:
+    """The body's media type when its route accepts it (the table's ``content_types``,
+    ``+json`` counted as JSON); else 415 ``unsupported_media_type`` naming them."""
+    media_type = content_type(request)
+    accepted = table_route(request).content_types
+    if media_type in accepted or (JSON in accepted and is_json(media_type)):
+        return media_type
+    raise errors.UnsupportedMediaType(
+        f"content type {media_type or '(none)'!r} is not supported; send {' or '.join(accepted)}"
+    )
 
 
 MAX_JSON_STRINGS = 16_384
@@ -114,8 +136,10 @@ def parse_json(body: bytes, model: Any) -> Any:
 
 
 async def read_json(request: Request, model: Any) -> Any:
-    """Read and validate a JSON body (the body guard bounds its size and its time; the
-    parsing runs on a worker thread, so the event loop keeps answering meanwhile)."""
+    """Read and validate a JSON body, of a content type its route accepts (the body guard
+    bounds its size and its time; the parsing runs on a worker thread, so the event loop
+    keeps answering meanwhile)."""
+    accepted_media_type(request)
     body = await request.body()
     return await run_in_threadpool(parse_json, body, model)
 
@@ -287,13 +311,6 @@ def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimi
     )
 
 
-def not_json_or_form(media_type: str) -> errors.UnsupportedMediaType:
-    return errors.UnsupportedMediaType(
-        f"content type {media_type or '(none)'!r} is not supported; send application/json "
-        "or multipart/form-data"
-    )
-
-
 async def read_query_body(
     request: Request,
     settings: Any,
@@ -307,12 +324,9 @@ async def read_query_body(
     """The body of a query route (retrieve, rerank), JSON or multipart/form-data:
     (options, query, the ``files_field`` images in order). The JSON body is its own
     options; a form's text options pass through ``form_fields`` (if given) first."""
-    media_type = content_type(request)
-    if is_json(media_type):
+    if is_json(accepted_media_type(request)):
         body = await read_json(request, json_model)
         return body, body.query, list(getattr(body, files_field))
-    if media_type != "multipart/form-data":
-        raise not_json_or_form(media_type)
     option_fields = tuple(options_model.model_fields)
     limits = query_form_limits(settings, max_files, len(option_fields))
     raw, query, files = split_form(await read_form(request, limits), files_field, option_fields)

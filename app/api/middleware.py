@@ -11,10 +11,11 @@ and the last-resort answer for an unexpected error.
 - ``InFlightLimitMiddleware``: at most LAD_MAX_IN_FLIGHT requests handled at once, a
   request counting from the moment its body has arrived (so slow and idle connections
   never hold a slot), probes and scrapes never; past it 429 ``overloaded``.
-- ``BodyGuardMiddleware``: a per-route byte limit, counted as the body arrives (chunked
-  bodies too) and refused at once past it (413), and a deadline for the whole body (408),
-  so a half-sent body cannot hold a connection. Both answers close the connection. A
-  disconnect before the body's end is raised as ``ClientDisconnect`` whoever reads it.
+- ``BodyGuardMiddleware``: a per-route byte limit (the route table's ``body_limit``),
+  counted as the body arrives (chunked bodies too) and refused at once past it (413), and a
+  deadline for the whole body (408), so a half-sent body cannot hold a connection. Both
+  answers close the connection. A disconnect before the body's end is raised as
+  ``ClientDisconnect`` whoever reads it.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
+from app.api.route_table import SMALL_BODY_BYTES, find
 from app.settings import Settings
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
-SMALL_BODY_BYTES = 64 * 1024
-"""Body limit of every route other than retrieve and calibrate (they take none)."""
 
 
 class RequestIdMiddleware:
@@ -156,12 +156,12 @@ class BodyTimeout(HTTPException):
 
 
 def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:
-    """The byte limit of a route's body and the setting that names it."""
-    if method == "POST" and path in ("/v1/retrieve", "/v1/rerank"):
-        return settings.max_body_bytes, "LAD_MAX_BODY_BYTES"
-    if method == "POST" and path == "/v1/calibrate":
-        return settings.max_calibrate_body_bytes, "LAD_MAX_CALIBRATE_BODY_BYTES"
-    return SMALL_BODY_BYTES, "fixed for routes without a body"
+    """The byte limit of a request's body and the setting that names it: its route's
+    ``body_limit`` in the route table (SMALL_BODY_BYTES for a route without one, or none)."""
+    route = find(method, path)
+    if route is None or route.body_limit is None:
+        return SMALL_BODY_BYTES, "fixed for routes without a body"
+    return getattr(settings, route.body_limit), route.limit_setting
 
 
 class BodyGuardMiddleware:

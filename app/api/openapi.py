@@ -1,5 +1,7 @@
-"""The OpenAPI document tells the truth: the limits of the running settings and the error
-codes of this server (each route's error codes come from ``app.api.route_errors``).
+"""The OpenAPI document tells the truth: every request body, generated from its pydantic model
+(JSON, and multipart/form-data where the route table accepts it), and the limits of the
+running settings and the error codes of this server (each route's error codes come from
+``app.api.route_errors``).
 
 Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
 patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_RERANK_CANDIDATES,
@@ -8,27 +10,75 @@ LAD_MAX_QUERY_CHARS, LAD_MAX_LABEL_CHARS), so what the document accepts is what 
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
+from app.api.route_table import FORM
 from app.errors import ERRORS
 from app.settings import Settings
 
 
-def json_or_form_body(model: Any, example: Any, form_schema: dict[str, Any]) -> dict[str, Any]:
-    """The ``openapi_extra`` of a route that reads its body by hand, as JSON (``model``,
-    with a working ``example``) or as multipart/form-data (``form_schema``)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": model.model_json_schema(), "example": example},
-                "multipart/form-data": {"schema": form_schema},
-            },
-        }
-    }
+def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:
+    """The multipart/form-data schema of a JSON request model: ``files_field`` becomes image
+    files, each other field one text part: ``null`` is sent by leaving the field out, and a
+    list (``labels``) as one text, a JSON list or a comma list (what the form reader parses)."""
+    schema = copy.deepcopy(model.model_json_schema())
+    schema.pop("examples", None)
+    properties = schema["properties"]
+    for name, prop in properties.items():
+        if name == files_field:
+            kept = {k: prop[k] for k in ("minItems", "maxItems", "description") if k in prop}
+            properties[name] = {"type": "array", "items": {"type": "string", "format": "binary"},
+                                **kept}  # fmt: skip
+        elif "anyOf" in prop:
+            properties[name] = _form_field(prop)
+    return schema
+
+
+def _form_field(prop: dict[str, Any]) -> dict[str, Any]:
+    """One text part for a field with alternatives (see ``form_schema``)."""
+    alternatives = [alt for alt in prop["anyOf"] if alt.get("type") != "null"]
+    rest = {k: v for k, v in prop.items() if k != "anyOf" and not (k == "default" and v is None)}
+    if len(alternatives) == 1:
+        return {**alternatives[0], **rest}
+    texts = [alt for alt in alternatives if alt.get("type") == "string"]
+    patterns = [
+        "^(" + "|".join(re.escape(v) for v in alt["enum"]) + ")$" if "enum" in alt
+        else alt.get("pattern", "^.*$") for alt in texts
+    ]  # fmt: skip
+    if any(alt.get("type") == "array" for alt in alternatives):
+        patterns += [r"^\[.*\]$", r"^[^,]+(,[^,]+)+$"]  # a JSON list, a comma list
+    return {"type": "string", "pattern": "|".join(patterns), **rest}
+
+
+def request_body(
+    model: type[BaseModel], content_types: Sequence[str], files_field: str | None,
+    examples: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads its body by hand: per accepted content
+    type, the schema generated from ``model``; JSON with the model's working example (or the
+    named ``examples``)."""
+    content: dict[str, Any] = {}
+    for media_type in content_types:
+        if media_type == FORM:
+            if files_field is None:
+                raise ValueError(f"{model.__name__}: a form body needs its files field")
+            content[media_type] = {"schema": form_schema(model, files_field)}
+            continue
+        media: dict[str, Any] = {"schema": model.model_json_schema()}
+        model_examples = media["schema"].get("examples")
+        if examples is not None:
+            media["examples"] = examples
+        elif model_examples:
+            media["example"] = model_examples[0]
+        content[media_type] = media
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def _patch_limits(node: Any, settings: Settings) -> None:

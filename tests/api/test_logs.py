@@ -1,5 +1,5 @@
 """The request log: one line per request with its facts, audit lines for admin actions,
-no lines for scrapes and probes, the request id in and out."""
+no lines for scrapes and probes unless they fail, the request id in and out."""
 
 from __future__ import annotations
 
@@ -37,6 +37,29 @@ def test_one_line_per_request_with_method_n_profile_version(make_client, items, 
     assert first["version"] == 1 and first["latency_ms"] > 0 and "error_code" not in first
     assert second["request_id"] == generated and second["status"] == 409
     assert second["error_code"] == "calibration_required" and second["profile"] == "other"
+
+
+def test_ten_probes_leave_no_line_and_a_failing_probe_one(make_client, caplog):
+    client = make_client()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lad"):
+        for path in ["/healthz", "/readyz", "/metrics"] * 4:
+            assert client.get(path).status_code == 200
+        assert request_lines(caplog) == []
+        client.app.state.service = None  # not ready: /readyz answers 503
+        for _ in range(10):
+            assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 503
+    (line,) = request_lines(caplog)
+    assert line["route"] == "/readyz" and line["status"] == 503
+
+
+def test_probes_are_logged_at_debug_level(make_client, caplog):
+    client = make_client()
+    with caplog.at_level(logging.DEBUG, logger="lad.request"):
+        client.get("/readyz")
+    (record,) = [r for r in caplog.records if r.name == "lad.request"]
+    assert record.levelno == logging.DEBUG and record.lad["route"] == "/readyz"
 
 
 def test_fallback_requests_say_so(make_client, items, caplog):

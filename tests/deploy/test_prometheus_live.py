@@ -27,7 +27,8 @@ from tests.live import LiveService
 
 # Grafana's variables, as the whole dashboard sees them with "All" selected. The rate
 # window is 1m (wide enough for a 2 s scrape and a minute of data).
-GRAFANA = {"$n": ".*", "$profile": ".*", "$__rate_interval": "1m", "$__range": "1h"}
+GRAFANA = {"$n": ".*", "$profile": ".*", "$job": "lad-serve.*", "$instance": ".*",
+           "$__rate_interval": "1m", "$__range": "1h"}
 
 # Panels that must show data after the traffic below (GPU memory: a CPU replica has none;
 # alerts: none fire; drift: computed, but the debiased share may be inside its noise).

@@ -25,7 +25,11 @@ ALERTS = [r for g in RULES["groups"] for r in g["rules"] if "alert" in r]
 RECORDING = [r for g in RULES["groups"] for r in g["rules"] if "record" in r]
 RECORDED = {r["record"] for r in RECORDING}
 # Grafana's variables, replaced by what "All" and the default range stand for.
-GRAFANA_VARIABLES = {"$n": ".*", "$profile": ".*", "$__rate_interval": "5m", "$__range": "1h"}
+GRAFANA_VARIABLES = {"$n": ".*", "$profile": ".*", "$job": "lad-serve.*", "$instance": ".*",
+                     "$__rate_interval": "5m", "$__range": "1h"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SELECTOR = re.compile(r"(?<![:\w])(lad_[a-z_]+|lad:[a-z_0-9:]+|process_[a-z_]+|ALERTS|up)"
+                      r"(?:\{([^}]*)\})?(?![\w(])")
 
 
 def dashboard() -> dict[str, Any]:
@@ -87,6 +91,66 @@ def test_every_scrape_job_is_one_the_alerts_select() -> None:
             assert re.fullmatch(r"lad-serve.*", job["job_name"]), (name, job["job_name"])
 
 
+def test_dashboard_reads_its_data_source_from_a_variable() -> None:
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in board["panels"]:
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        for target in panel.get("targets", []):
+            assert target["datasource"] == DATASOURCE, panel["title"]
+    for name in ("n", "profile", "job", "instance"):
+        assert variables[name]["datasource"] == DATASOURCE, name
+    assert '"uid": "prometheus"' not in DASHBOARD.read_text()  # no hard-coded data source
+
+
+def test_every_dashboard_query_is_scoped_by_job_and_instance() -> None:
+    """Every series selector of every panel carries the job and instance variables; the
+    recorded drift series are per job (summed over its replicas), and job-wide alerts have
+    no instance label, so ALERTS also matches an empty one."""
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    for name in ("job", "instance"):
+        assert variables[name]["includeAll"] and variables[name]["multi"], name
+    assert "job=~\"lad-serve.*\"" in variables["instance"]["query"]["query"]
+    assert "$job" in variables["instance"]["query"]["query"]
+    for name in ("n", "profile"):
+        query = variables[name]["query"]["query"]
+        assert 'job=~"$job"' in query and 'instance=~"$instance"' in query, name
+    selectors = 0
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            for series, matchers in SELECTOR.findall(target["expr"]):
+                selectors += 1
+                where = f"{panel['title']}: {series}"
+                if series == "ALERTS":
+                    assert 'job=~"$job|"' in matchers and 'instance=~"$instance|"' in matchers
+                    continue
+                assert 'job=~"$job"' in matchers, where
+                if not series.startswith("lad:"):
+                    assert 'instance=~"$instance"' in matchers, where
+    assert selectors > 40
+
+
+def test_gpu_panel_says_no_gpu_on_cpu_replicas() -> None:
+    """CPU replicas export no lad_gpu_memory_bytes (absent, not 0): the GPU panel shows a
+    "no GPU" text instead of "No data", and the GPU alert needs the series to fire."""
+    (panel,) = [p for p in dashboard()["panels"]
+                if any("lad_gpu_memory_bytes" in t["expr"] for t in p["targets"])]
+    assert "no GPU" in panel["fieldConfig"]["defaults"]["noValue"]
+    (gpu_alert,) = [a for a in ALERTS if "lad_gpu_memory_bytes" in a["expr"]]
+    assert "absent" not in gpu_alert["expr"]
+
+
+def test_recorded_drift_series_keep_the_job() -> None:
+    """Each job has its own profiles (lad-serve-gpu: another key prefix), and the drift
+    panel filters by $job."""
+    for rule in RECORDING:  # every aggregation of the recorded series keeps the job
+        groupings = re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"])
+        assert all(g.split(",")[0] == "job" for g in groupings), rule["record"]
+
+
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     exprs = dashboard_exprs()
     groups = [{"name": "dashboard", "rules": [
@@ -131,3 +195,23 @@ def test_readme_lists_exactly_the_series_the_rules_and_panels_use() -> None:
 @pytest.mark.parametrize("record", sorted(RECORDED))
 def test_recorded_series_are_used(record: str) -> None:
     assert record in all_exprs()
+
+
+def test_promtool_parses_the_adapter_queries(tmp_path: Path) -> None:
+    """prometheus-adapter's metricsQuery templates, filled as the adapter fills them for
+    one HPA request, are valid PromQL."""
+    rules = load_yaml(PROMETHEUS / "prometheus-adapter-values.yaml")["rules"]["custom"]
+    fill = {"<<.Series>>": "", "<<.LabelMatchers>>": 'namespace="ml", pod=~"lad-a|lad-b"',
+            "<<.GroupBy>>": "pod"}
+    exprs = []
+    for rule in rules:
+        expr = rule["metricsQuery"].replace("<<.Series>>", rule["name"]["as"])
+        for name, value in fill.items():
+            expr = expr.replace(name, value)
+        assert "<<" not in expr, expr
+        exprs.append(expr)
+    groups = [{"name": "adapter", "rules": [
+        {"record": f"adapter:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]
+    (tmp_path / "adapter.yml").write_text(yaml.safe_dump({"groups": groups}))
+    done = run([tool("promtool"), "check", "rules", "adapter.yml"], cwd=tmp_path)
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout

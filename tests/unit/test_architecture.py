@@ -3,10 +3,10 @@ the wire path imports without torch.
 
 Layers, lowest first: the client package lad_client (clients/python: the wire vocabulary,
 the wire schemas, the clients; it imports nothing of the service, so it installs alone); the
-profile schema and stores; the engine (model-agnostic core); the model families; the
-service's building blocks (settings, errors, decode, metrics) beside the evaluation, the
-demo and the test models; the service; the HTTP routes; the entry points. Every import,
-lazy ones inside functions included, is an edge.
+route table (pure data); the profile schema and stores; the engine (model-agnostic core);
+the model families; the service's building blocks (settings, errors, decode, metrics)
+beside the evaluation, the demo and the test models; the service; the HTTP routes; the
+entry points. Every import, lazy ones inside functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
 """Where the packages live: app and calibration_store at the top, lad_client under clients/."""
 LAYERS: list[tuple[str, ...]] = [
     ("lad_client",),
+    ("app.api.route_table",),  # pure data, stdlib only (moves to the light client package)
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.decode",
         "app.image_headers",
         "app.metrics",
+        "app.collectors",
         "app.logs",
         "app.demo",
         "app.eval",

@@ -1,4 +1,5 @@
-"""app.metrics on its own: pre-created label values, GPU memory only with CUDA."""
+"""app.metrics on its own: pre-created label values, GPU memory only with CUDA, the process
+collectors and the build info."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import types
 from prometheus_client import generate_latest
 
 from app import errors
-from app.metrics import GpuMemoryCollector, Metrics, error_codes
+from app.metrics import GpuMemoryCollector, Metrics, error_codes, package_version
 from tests.api.helpers import metric_value
 
 
@@ -56,3 +57,30 @@ def test_gpu_memory_is_exported_per_cuda_device(monkeypatch) -> None:
     assert metric_value(text, "lad_gpu_memory_bytes", device="cuda:0", type="total") == 1000
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(False))
     assert "lad_gpu_memory_bytes{" not in generate_latest(registry).decode()
+
+
+def test_process_metrics_are_in_every_registry() -> None:
+    """The standard process collectors (Linux /proc): memory, CPU, file descriptors."""
+    first, second = Metrics().render()[0].decode(), Metrics().render()[0].decode()
+    for text in (first, second):  # two registries in one process do not collide
+        assert metric_value(text, "process_resident_memory_bytes") > 1e6
+        assert metric_value(text, "process_cpu_seconds_total") > 0
+        assert metric_value(text, "process_open_fds") >= 3
+        assert metric_value(text, "process_max_fds") >= metric_value(text, "process_open_fds")
+        assert metric_value(text, "process_start_time_seconds") > 1.5e9
+        assert "python_info{" in text
+
+
+def test_build_info_names_the_version_and_the_loaded_model() -> None:
+    metrics = Metrics()
+    assert "lad_build_info{" not in metrics.render()[0].decode()  # not before the model loads
+    metrics.set_model_info({"model_id": "Qwen/Qwen2.5-VL-3B-Instruct", "revision": None,
+                            "dtype": "bfloat16", "device": "cuda:0",
+                            "attention_backend": "sdpa", "layers": "21,22"})
+    text = metrics.render()[0].decode()
+    labels = {"version": package_version(), "model": "Qwen/Qwen2.5-VL-3B-Instruct",
+              "revision": "", "dtype": "bfloat16", "device": "cuda:0"}
+    assert metric_value(text, "lad_build_info", **labels) == 1
+    assert package_version().count(".") >= 2
+    (line,) = [x for x in text.splitlines() if x.startswith("lad_build_info{")]
+    assert "attention_backend" not in line and "layers" not in line  # those are lad_model_info

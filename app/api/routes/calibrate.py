@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app import errors
-from app.api.bodies import content_type, is_json, read_json
-from app.api.deps import AdminAuth, ServiceDep
-from app.api.route_errors import error_responses
+from app.api.bodies import read_json
+from app.api.deps import ServiceDep
+from app.api.registry import register
 from lad_client.types import (
     CALIBRATE_EXAMPLE,
     MAX_CALIBRATION_EXAMPLES,
@@ -31,34 +30,11 @@ which then need at least max(n) images each: per N, each example is cut to its G
 of its negatives (seeded by `seed`) and run in all N rotations (M x sum(n) forward passes in
 one batched run); one version per N is stored, all or none, and `per_n` lists them."""
 
-_OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": CalibrateRequest.model_json_schema(),
-                "examples": {"three images": {"summary": "one example of three 32 x 32 PNGs",
-                                              "value": CALIBRATE_EXAMPLE}},
-            }
-        },
-    }
-}
+EXAMPLES = {"three images": {"summary": "one example of three 32 x 32 PNGs",
+                             "value": CALIBRATE_EXAMPLE}}  # fmt: skip
 
 
-@router.post(
-    "/v1/calibrate",
-    response_model=CalibrateResponse,
-    dependencies=[AdminAuth],
-    openapi_extra=_OPENAPI,
-    responses=error_responses("POST", "/v1/calibrate"),
-    summary="Calibrate a profile (bias matrix B and attention prior P) for one N",
-    description=DESCRIPTION,
-)
+@register(router, "calibrate", description=DESCRIPTION, json_examples=EXAMPLES)
 async def calibrate(request: Request, service: ServiceDep) -> CalibrateResponse:
-    media_type = content_type(request)
-    if not is_json(media_type):
-        raise errors.UnsupportedMediaType(
-            f"content type {media_type or '(none)'!r} is not supported; send application/json"
-        )
     body: CalibrateRequest = await read_json(request, CalibrateRequest)
     return await service.calibrate(body)

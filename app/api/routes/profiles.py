@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import AdminAuth, ServiceDep
-from app.api.route_errors import error_responses
+from app.api.deps import ServiceDep
+from app.api.registry import register
 from app.engine.labels import SCHEMES
 from app.settings import MAX_N
 from calibration_store.profile import NAME_PATTERN
@@ -19,7 +19,7 @@ from lad_client.types import (
     ProfileSummary,
 )
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+router = APIRouter(tags=["profiles"])
 
 LABELS_PATTERN = (
     "^(" + "|".join(SCHEMES) + r"|custom:[0-9a-f]{8})$|^\[.*\]$|^[^,]+(,[^,]+)+$"
@@ -47,22 +47,17 @@ VersionParam = Annotated[
 ]  # fmt: skip
 
 
-@router.get("", response_model=ProfileList, responses=error_responses("GET", "/v1/profiles"),
-            summary="Every profile of the running model")
+@register(router, "list_profiles")
 async def list_profiles(service: ServiceDep) -> ProfileList:
     return await service.profiles.list()
 
 
-@router.get("/{name}", response_model=ProfileSummary,
-            responses=error_responses("GET", "/v1/profiles/{name}"),
-            summary="One profile: every (labels, N) with its kept versions")
+@register(router, "get_profile")
 async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
     return await service.online.annotate(await service.profiles.detail(name))
 
 
-@router.delete("/{name}", response_model=ProfileDeleted, dependencies=[AdminAuth],
-               responses=error_responses("DELETE", "/v1/profiles/{name}"),
-               summary="Delete every version of a profile for one N")
+@register(router, "delete_profile")
 async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
                          labels: LabelsParam = "digits") -> ProfileDeleted:
     deleted = await service.profiles.delete(name, labels, n)
@@ -70,9 +65,7 @@ async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
     return deleted
 
 
-@router.post("/{name}/rollback", response_model=ProfileRolledBack, dependencies=[AdminAuth],
-             responses=error_responses("POST", "/v1/profiles/{name}/rollback"),
-             summary="Make the previous kept version current again")
+@register(router, "rollback_profile")
 async def rollback_profile(name: NameParam, n: NParam, service: ServiceDep,
                            labels: LabelsParam = "digits",
                            version: VersionParam = None) -> ProfileRolledBack:
