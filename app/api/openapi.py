@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from app.api.route_table import FORM
 from app.errors import ERRORS
 from app.settings import Settings
+from lad_client.routes import FORM
 
 
 def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The route decorator derived from the route table: ``@register(router, "retrieve")`` gives
 a handler its path, method, name, summary, response model, token dependency, error
-responses and request-body docs, all from ``app.api.route_table.ROUTES``."""
+responses and request-body docs, all from ``lad_client.routes.ROUTES``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import lad_client.types as wire
 from app.api.deps import AdminAuth, RetrieveAuth
 from app.api.openapi import request_body
 from app.api.route_errors import error_responses
-from app.api.route_table import BY_NAME, Auth, Route
+from lad_client.routes import BY_NAME, Auth, Route
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 

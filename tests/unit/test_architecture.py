@@ -2,8 +2,8 @@
 the wire path imports without torch.
 
 Layers, lowest first: the client package lad_client (clients/python: the wire vocabulary,
-the wire schemas, the clients; it imports nothing of the service, so it installs alone); the
-route table (pure data); the profile schema and stores; the engine (model-agnostic core);
+the wire schemas, the clients; it imports nothing of the service, so it installs alone; its route
+table is the server's too); the profile schema and stores; the engine (model-agnostic core);
 the model families; the service's building blocks (settings, errors, decode, metrics)
 beside the evaluation, the demo and the test models; the service; the HTTP routes; the
 entry points. Every import, lazy ones inside functions included, is an edge.
@@ -21,7 +21,6 @@ SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
 """Where the packages live: app and calibration_store at the top, lad_client under clients/."""
 LAYERS: list[tuple[str, ...]] = [
     ("lad_client",),
-    ("app.api.route_table",),  # pure data, stdlib only (moves to the light client package)
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),

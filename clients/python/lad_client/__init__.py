@@ -17,14 +17,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lad_client.calls import ROUTES, Example, ImageLike, Route, encode_image
+    from lad_client.calls import Example, ImageLike, encode_image
     from lad_client.client import AsyncLadClient, LadClient
     from lad_client.retry import RETRY_STATUSES, LadError, RetryPolicy, error_of, retry_after_s
+    from lad_client.routes import ROUTES, Route
 
 _HOMES = {
-    "lad_client.calls": ("ROUTES", "Example", "ImageLike", "Route", "encode_image"),
+    "lad_client.calls": ("Example", "ImageLike", "encode_image"),
     "lad_client.client": ("AsyncLadClient", "LadClient"),
     "lad_client.retry": ("RETRY_STATUSES", "LadError", "RetryPolicy", "error_of", "retry_after_s"),
+    "lad_client.routes": ("ROUTES", "Route"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -1,8 +1,8 @@
 """The calls of the API, shared by both clients (they differ only in how they send).
 
-``ROUTES`` is the one place that says which HTTP verb, path and token each call uses; the
-retry policy (``Api.attempts``) is written once, without I/O, as a generator both clients
-drive.
+Each call takes its HTTP method, path and token from the one route table
+(``lad_client.routes``, the server's too); the retry policy (``Api.attempts``) is written
+once, without I/O, as a generator both clients drive.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from PIL import Image
 from pydantic import BaseModel
 
 from lad_client.retry import RETRY_STATUSES, RetryPolicy, error_of, retry_after_s
+from lad_client.routes import BY_NAME, Route
 from lad_client.types import (
     CalibrateResponse,
     FeedbackResponse,
@@ -35,30 +36,6 @@ from lad_client.types import (
 ImageLike = Image.Image | bytes | str | PathLike[str]
 Example = tuple[str, Sequence[ImageLike], int]
 """(query, images, answer): answer is the 0-based index of the matching image."""
-
-
-@dataclass(frozen=True)
-class Route:
-    """One route of the API: its verb, its path template, whether the admin token goes first."""
-
-    verb: str
-    path: str
-    admin: bool = False
-
-
-ROUTES: dict[str, Route] = {
-    "retrieve": Route("POST", "/v1/retrieve"),
-    "rerank": Route("POST", "/v1/rerank"),
-    "calibrate": Route("POST", "/v1/calibrate", admin=True),
-    "profiles": Route("GET", "/v1/profiles"),
-    "profile": Route("GET", "/v1/profiles/{name}"),
-    "delete_profile": Route("DELETE", "/v1/profiles/{name}", admin=True),
-    "rollback": Route("POST", "/v1/profiles/{name}/rollback", admin=True),
-    "refresh": Route("POST", "/v1/profiles/{name}/refresh", admin=True),
-    "feedback": Route("POST", "/v1/feedback"),
-    "ready": Route("GET", "/readyz"),
-}
-"""The routes the clients call, by name (the server's own route table is the reference)."""
 
 
 def encode_image(image: ImageLike) -> str:
@@ -90,7 +67,7 @@ class Call:
 
     @classmethod
     def to(cls, name: str, model: type[BaseModel], **kwargs: Any) -> Call:
-        return cls(ROUTES[name], model, **kwargs)
+        return cls(BY_NAME[name], model, **kwargs)
 
     @property
     def url(self) -> str:
@@ -105,7 +82,7 @@ class Api:
 
     def headers(self, call: Call, request_id: str | None) -> dict[str, str]:
         tokens = (self._token, self._admin_token)
-        first, second = tokens[::-1] if call.route.admin else tokens
+        first, second = tokens[::-1] if call.route.auth == "admin" else tokens
         token = first or second
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if request_id:
@@ -118,7 +95,7 @@ class Api:
         connection error thrown in), yields a float to wait that many seconds, and
         returns the parsed answer or raises."""
         request = {
-            "method": call.route.verb,
+            "method": call.route.method,
             "url": call.url,
             "json": call.json,
             "params": call.params,
@@ -177,15 +154,16 @@ class Api:
     @staticmethod
     def profiles(name: str | None) -> Call:
         if name is None:
-            return Call.to("profiles", ProfileList)
-        return Call.to("profile", ProfileSummary, path_params={"name": name})
+            return Call.to("list_profiles", ProfileList)
+        return Call.to("get_profile", ProfileSummary, path_params={"name": name})
 
     @staticmethod
     def rollback(name: str, n: int, labels: str, version: int | None) -> Call:
         params: dict[str, Any] = {"n": n, "labels": labels}
         if version is not None:
             params["version"] = version
-        return Call.to("rollback", ProfileRolledBack, path_params={"name": name}, params=params)
+        return Call.to("rollback_profile", ProfileRolledBack, path_params={"name": name},
+                       params=params)
 
     @staticmethod
     def feedback(request_id: str, answer: int) -> Call:
@@ -194,7 +172,7 @@ class Api:
 
     @staticmethod
     def refresh(name: str, n: int, labels: str, force: bool) -> Call:
-        return Call.to("refresh", RefreshResponse, path_params={"name": name},
+        return Call.to("refresh_profile", RefreshResponse, path_params={"name": name},
                        params={"n": n, "labels": labels, "force": force})  # fmt: skip
 
     @staticmethod

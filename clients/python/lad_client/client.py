@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
-from lad_client.calls import ROUTES, Api, Call, Example, ImageLike
+from lad_client.calls import Api, Call, Example, ImageLike
 from lad_client.retry import RetryPolicy
+from lad_client.routes import BY_NAME
 from lad_client.types import (
     CalibrateResponse,
     FeedbackResponse,
@@ -130,7 +131,7 @@ class LadClient:
 
     def ready(self) -> Readiness:
         """Readiness, also when not ready (503 answers carry the same body)."""
-        response = self._http.get(ROUTES["ready"].path)
+        response = self._http.get(BY_NAME["readyz"].path)
         return Readiness.model_validate(response.json())
 
 
@@ -220,5 +221,5 @@ class AsyncLadClient:
         return await self._send(self._api.refresh(name, n, labels, force))
 
     async def ready(self) -> Readiness:
-        response = await self._http.get(ROUTES["ready"].path)
+        response = await self._http.get(BY_NAME["readyz"].path)
         return Readiness.model_validate(response.json())
