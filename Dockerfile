@@ -13,6 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY calibration_store ./calibration_store
 COPY app ./app
+COPY clients/python/lad_client ./clients/python/lad_client
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- stage 2: runtime ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
-from app.api.route_table import ROUTES
+from lad_client.routes import ROUTES
 
 LogFormat = Literal["json", "text"]
 

@@ -16,10 +16,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.engine.answers import DEFAULT_COT_PROMPT
 from app.engine.methods import MethodConfig
+from lad_client.vocabulary import MAX_N
 
 DEFAULT_STORE_URL = "var/profiles"
-MAX_N = 64
-"""The largest N any setting or route accepts (LAD_MAX_IMAGES is at most this)."""
 ALLOWED_IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 """Pillow formats the decoder may be allowed to open; nothing else is ever tried."""
 DEFAULT_IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")

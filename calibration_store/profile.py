@@ -18,11 +18,11 @@ from typing import Any, Final
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lad_client.vocabulary import NAME_PATTERN
+
 CURRENT_SCHEMA_VERSION: Final[int] = 1
 SUPPORTED_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1})
 
-# Profile names travel in URLs (/v1/profiles/{name}) and in store keys.
-NAME_PATTERN: Final[str] = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class UnknownSchemaVersion(ValueError):

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from app.client import LadClient
 from app.demo.world import caption, make_items, render, sample_object
 from app.models.loader import load_runner
+from lad_client import LadClient
 
 
 @torch.no_grad()

@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from app import errors
-from app.api.route_table import BY_NAME, JSON, Route, find
 from app.decode import TRIM_AFTER_BYTES, release_memory
+from lad_client.routes import BY_NAME, JSON, Route, find
 
 
 def validation_error(exc: ValidationError, prefix: str) -> RequestValidationError:

@@ -31,8 +31,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
-from app.api.route_table import SMALL_BODY_BYTES, find
 from app.settings import Settings
+from lad_client.routes import SMALL_BODY_BYTES, find
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 

@@ -1,6 +1,7 @@
 """The OpenAPI document tells the truth: every request body, generated from its pydantic model
 (JSON, and multipart/form-data where the route table accepts it), and the limits of the
-running settings (each route's error codes come from ``app.api.route_errors``).
+running settings and the error codes of this server (each route's error codes come from
+``app.api.route_errors``).
 
 Schemas are declared once with the fixed bounds (2..MAX_N images, ...); `install_openapi`
 patches in the instance's own limits (LAD_MAX_IMAGES, LAD_MAX_RERANK_CANDIDATES,
@@ -18,8 +19,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from app.api.route_table import FORM
+from app.errors import ERRORS
 from app.settings import Settings
+from lad_client.routes import FORM
 
 
 def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:
@@ -133,6 +135,15 @@ def _hoist_defs(document: dict[str, Any]) -> None:
     rewrite(components)
 
 
+def _enumerate_error_codes(document: dict[str, Any]) -> None:
+    """List this server's error codes (``app.errors.ERRORS``) as the enum of
+    ``ErrorDetail.code``: the wire type keeps a plain string so that a client accepts the
+    codes a newer server adds, the document says which ones this server answers."""
+    detail = document.get("components", {}).get("schemas", {}).get("ErrorDetail")
+    if detail is not None:
+        detail["properties"]["code"]["enum"] = [cls.code for cls in ERRORS]
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Generate the document once, with the running settings' limits."""
 
@@ -143,6 +154,7 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
                 routes=app.routes,
             )  # fmt: skip
             _hoist_defs(document)
+            _enumerate_error_codes(document)
             _patch_limits(document, settings)
             app.openapi_schema = document
         return app.openapi_schema

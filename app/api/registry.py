@@ -1,6 +1,6 @@
 """The route decorator derived from the route table: ``@register(router, "retrieve")`` gives
 a handler its path, method, name, summary, response model, token dependency, error
-responses and request-body docs, all from ``app.api.route_table.ROUTES``."""
+responses and request-body docs, all from ``lad_client.routes.ROUTES``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, params
 from fastapi.responses import Response
 
-from app import schemas
+import lad_client.types as wire
 from app.api.deps import AdminAuth, RetrieveAuth
 from app.api.openapi import request_body
 from app.api.route_errors import error_responses
-from app.api.route_table import BY_NAME, Auth, Route
+from lad_client.routes import BY_NAME, Auth, Route
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
@@ -25,8 +25,8 @@ AUTH_DEPENDENCIES: dict[Auth, list[params.Depends]] = {
 
 
 def model(name: str) -> Any:
-    """A wire model of app.schemas by its class name (as the route table names it)."""
-    return getattr(schemas, name)
+    """A wire model of lad_client.types by its class name (as the route table names it)."""
+    return getattr(wire, name)
 
 
 def route_options(route: Route, *, json_examples: dict[str, Any] | None = None,

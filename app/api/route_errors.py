@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from app import errors
-from app.api.route_table import ROUTES, Route
-from app.schemas import ErrorResponse
+from lad_client.routes import ROUTES, Route
+from lad_client.types import ErrorResponse
 
 ERROR_OF: dict[str, type[errors.ServiceError]] = {cls.code: cls for cls in errors.ERRORS}
 """Wire code -> its class (code, status, meaning), from the one table of causes."""

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SCHEMES: tuple[str, ...] = ("digits", "upper", "lower", "roman", "words")
+from lad_client.vocabulary import SCHEMES
 
 LabelSpec = str | tuple[str, ...]
 """A scheme name or an explicit tuple of N labels (hashable: it keys caches and batches)."""

@@ -1,7 +1,7 @@
 """The retrieval methods (DESIGN §2.4–§2.5) by name, applied to one forward's evidence.
 
-The one method dispatch of the project, and the one list of method names: the wire
-schemas, the routes, the CLI and the evaluation all read ``METHODS`` from here.
+The one method dispatch of the project. The method names are wire vocabulary
+(``lad_client.vocabulary.METHODS``, re-exported here for the routes, the CLI and the evaluation).
 Inputs are one instance (s (N,), a (|Λ|, N)) or a batch ((B, N), (B, |Λ|, N)).
 """
 
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from app.engine import debias
 from app.engine.calibrate import Calibration
+from lad_client.vocabulary import METHODS
 
-Method = Literal["agd", "vanilla", "pride", "attn_raw", "attn_pure", "perm_avg"]
-METHODS: tuple[str, ...] = ("agd", "vanilla", "pride", "attn_raw", "attn_pure", "perm_avg")
-"""agd (the default) first; perm_avg costs N forward passes, every other method one."""
 NEEDS_CALIBRATION: frozenset[str] = frozenset({"agd", "pride", "attn_pure"})
 """Methods that apply a calibration (B and/or P)."""
 MULTI_PASS: frozenset[str] = frozenset({"perm_avg"})

@@ -235,8 +235,8 @@ def _simulated(config: EvalConfig) -> int:
 
 def _remote(config: EvalConfig) -> int:
     """--url: the service's evidence instead of an in-process model."""
-    from app.client import LadClient
     from app.eval.remote import RemoteBackend
+    from lad_client import LadClient
 
     _refuse(config, " --url", config.layers is not None, "the service decides its prompt and Λ")
     with LadClient(config.url, token=config.token, admin_token=config.admin_token,

@@ -9,7 +9,7 @@ same engine code to one forward per instance; perm_avg sends its other orders th
 way. Calibration goes through the service's own ``POST /v1/calibrate`` (its B and P are
 used; the evidence of the rotated instances is fetched too, for calibration.json).
 Requests run ``concurrency`` at a time with the client's retries (429 / 503 / refused
-connections, ``app.client``), so an evaluation scales with the replicas behind the URL.
+connections, ``lad_client``), so an evaluation scales with the replicas behind the URL.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app.client import LadClient
 from app.engine.calibrate import Calibration
+from lad_client import LadClient
 
 PROFILE = "lad-eval"
 """The profile name ``--url`` calibrates (one version per run and N)."""

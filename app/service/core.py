@@ -17,7 +17,13 @@ import app.service.handlers as handlers
 from app.decode import ImageInput
 from app.engine.interface import RunnerLike
 from app.metrics import Metrics
-from app.schemas import (
+from app.service.feedback import OnlineService
+from app.service.pipeline import Pipeline
+from app.service.profiles import ProfileService
+from app.settings import Settings
+from calibration_store import OnlineStore, ProfileStore
+from calibration_store.evidence import MemoryOnlineStore
+from lad_client.types import (
     CalibrateRequest,
     CalibrateResponse,
     FeedbackRequest,
@@ -33,12 +39,6 @@ from app.schemas import (
     RetrieveOptions,
     RetrieveResponse,
 )
-from app.service.feedback import OnlineService
-from app.service.pipeline import Pipeline
-from app.service.profiles import ProfileService
-from app.settings import Settings
-from calibration_store import OnlineStore, ProfileStore
-from calibration_store.evidence import MemoryOnlineStore
 
 _PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s",
                         "writes")  # fmt: skip

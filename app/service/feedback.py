@@ -23,11 +23,11 @@ from app.engine.calibrate import CalibrationStats
 from app.engine.calibration_diagnostics import calibration_diagnostics
 from app.engine.methods import MethodConfig
 from app.engine.refresh import online_stats, refresh_calibration
-from app.schemas import ProfileSummary, RefreshResponse
 from app.service.profiles import ProfileService, calibration_of
 from app.settings import Settings
 from calibration_store import Evidence, OnlineStore, Profile, ProfileKey, StoreError
 from calibration_store.evidence import FeedbackSnapshot
+from lad_client.types import ProfileSummary, RefreshResponse
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,9 @@ from app.engine.calibrate import Calibration
 from app.engine.interface import RunnerLike
 from app.engine.labels import LabelSpec, parse_labels, stored_scheme
 from app.metrics import Metrics, ProfileRow
-from app.schemas import (
+from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, StoreError
+from calibration_store import StoreUnavailable as StoreDown
+from lad_client.types import (
     ProfileDeleted,
     ProfileEntry,
     ProfileList,
@@ -24,8 +26,6 @@ from app.schemas import (
     ProfileSummary,
     ProfileVersion,
 )
-from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, StoreError
-from calibration_store import StoreUnavailable as StoreDown
 
 V = TypeVar("V")
 FINGERPRINT_CACHE_SIZE = 512

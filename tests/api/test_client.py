@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from app.client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
-from app.schemas import CalibrateResponse, ProfileList, RetrieveResponse
+from lad_client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
+from lad_client.types import CalibrateResponse, ProfileList, RetrieveResponse
 from tests.api.helpers import png_bytes
 
 
@@ -134,7 +134,7 @@ def test_retry_after_reads_seconds_and_http_dates():
 def test_client_reranks_and_calibrates_every_n(live_server):
     """LadClient and AsyncLadClient against a running server: calibrate n="all", rerank."""
     from app.demo.world import make_items
-    from app.schemas import RerankResponse
+    from lad_client.types import RerankResponse
 
     server = live_server()
     wide = make_items(2, n_candidates=4, setting="random", seed="calibration", image_size=56)
@@ -154,3 +154,19 @@ def test_client_reranks_and_calibrates_every_n(live_server):
     assert asyncio.run(run()).results == ranked.results  # same seed, same ranking
     everything = lad.rerank(many.query, many.images, method="vanilla", window=3)
     assert sorted(r.index for r in everything.results) == list(range(9))
+
+
+
+def test_the_route_table_is_what_the_app_serves(make_client):
+    """lad_client.routes (method, path, token), which the clients send by: every route is in
+    the served document with its method, and exactly the admin ones refuse the retrieve token."""
+    from lad_client import ROUTES
+
+    http = make_client(admin_token="admin-secret", retrieve_token="user-secret")
+    paths = http.get("/openapi.json").json()["paths"]
+    user = {"Authorization": "Bearer user-secret"}
+    for route in ROUTES:
+        assert route.method.lower() in paths[route.path], route.name
+        answer = http.request(route.method, route.path.format(name="default"), headers=user)
+        refused = answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+        assert refused == (route.auth == "admin"), (route.name, answer.status_code)

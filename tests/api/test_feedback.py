@@ -270,7 +270,7 @@ def test_clients_close_the_loop(make_client, items, calibration_items):
     """retrieve -> feedback -> refresh through LadClient and AsyncLadClient."""
     import asyncio
 
-    from app.client import AsyncLadClient, LadClient, LadError
+    from lad_client import AsyncLadClient, LadClient, LadError
 
     http = make_client(admin_token=ADMIN, refresh_min_holdout=1000)
     lad = LadClient(http=http, admin_token=ADMIN)

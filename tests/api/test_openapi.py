@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from app import errors
 from app.api.route_errors import ROUTE_ERRORS
 
 
@@ -83,3 +84,16 @@ def test_the_document_states_the_running_limits(make_client):
     documents = [prop for path, prop in found if path.endswith(".documents")]
     assert len(images) >= 2 and all(p["maxItems"] == 5 for p in images)  # JSON + multipart
     assert len(documents) >= 2 and all(p["maxItems"] == 20 for p in documents)
+
+
+def test_error_codes_are_an_enum_in_the_document_and_a_string_on_the_wire(client):
+    """The served document lists every code of app.errors.ERRORS; the client's wire type
+    takes any string, so a code added by a newer server still parses."""
+    from lad_client.types import ErrorResponse
+
+    spec = client.get("/openapi.json").json()
+    code = spec["components"]["schemas"]["ErrorDetail"]["properties"]["code"]
+    assert code["enum"] == [cls.code for cls in errors.ERRORS]
+    assert len(code["enum"]) == len(set(code["enum"])) >= 20
+    future = {"error": {"code": "a_code_from_the_future", "message": "m", "request_id": None}}
+    assert ErrorResponse.model_validate(future).error.code == "a_code_from_the_future"

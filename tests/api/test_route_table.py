@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
 
-from app import errors, schemas
+import lad_client.types as schemas
+from app import errors
 from app.api.deps import require_admin_token, require_retrieve_token
 from app.api.middleware import SMALL_BODY_BYTES, body_limit
 from app.api.route_errors import ERROR_OF
-from app.api.route_table import BY_NAME, FORM, JSON, ROUTES, find
 from app.logs import AUDITED
 from app.settings import Settings
+from lad_client.routes import BY_NAME, FORM, JSON, ROUTES, find
 from tests.api.helpers import multipart_files
 
 TOKEN_CHECK = {require_retrieve_token: "api_key", require_admin_token: "admin"}
@@ -201,8 +202,8 @@ def test_a_refresh_writes_an_audit_line(make_client, calibrate_json, caplog):
 
 
 def test_the_route_table_imports_nothing_from_the_project():
-    """It moves into the light client package: standard library only."""
-    source = Path(__file__).resolve().parents[2] / "app" / "api" / "route_table.py"
+    """It lives in the light client package (lad_client.routes): standard library only."""
+    source = Path(__file__).resolve().parents[2] / "clients/python/lad_client/routes.py"
     tree = ast.parse(source.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}

@@ -103,7 +103,8 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
                 (context / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / rel, context / rel)
     top = {p.name for p in context.iterdir()}
-    assert top == {"pyproject.toml", "README.md", "app", "calibration_store"}, top
+    assert top == {"pyproject.toml", "README.md", "app", "calibration_store", "clients"}, top
+    assert {p.name for p in (context / "clients" / "python").iterdir()} == {"lad_client"}
     assert not list(context.rglob("__pycache__"))
     for copy in instructions("COPY"):
         if "--from" not in copy:
@@ -115,4 +116,5 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "wheels").glob("lad_serve-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/main.py", "app/demo/model/model.safetensors",
-            "calibration_store/__init__.py"} <= names
+            "calibration_store/__init__.py", "lad_client/__init__.py",
+            "lad_client/types/retrieve.py", "lad_client/py.typed"} <= names

@@ -12,12 +12,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.client import LadClient
 from app.demo.world import make_items
 from app.engine.debias import rotate, rotated_position
 from app.main import create_app
 from app.settings import Settings
 from calibration_store import open_store
+from lad_client import LadClient
 
 N = 4
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.client import AsyncLadClient, LadError
 from app.demo.world import make_items
+from lad_client import AsyncLadClient, LadError
 from tests.live import ROOT, LiveService
 
 

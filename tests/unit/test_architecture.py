@@ -1,11 +1,12 @@
 """The package's shape: imports point down the layers, never up, and never in a cycle;
 the wire path imports without torch.
 
-Layers, lowest first: the route table (pure data); the profile schema and stores; the
-engine (model-agnostic core); the model families; the service's building blocks (settings,
-errors, schemas, decode, metrics, client) beside the evaluation, the demo and the test
-models; the service; the HTTP routes; the entry points. Every import, lazy ones inside
-functions included, is an edge.
+Layers, lowest first: the client package lad_client (clients/python: the wire vocabulary,
+the wire schemas, the clients; it imports nothing of the service, so it installs alone; its route
+table is the server's too); the profile schema and stores; the engine (model-agnostic core);
+the model families; the service's building blocks (settings, errors, decode, metrics)
+beside the evaluation, the demo and the test models; the service; the HTTP routes; the
+entry points. Every import, lazy ones inside functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
+"""Where the packages live: app and calibration_store at the top, lad_client under clients/."""
 LAYERS: list[tuple[str, ...]] = [
-    ("app.api.route_table",),  # pure data, stdlib only (moves to the light client package)
+    ("lad_client",),
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),
@@ -25,13 +28,11 @@ LAYERS: list[tuple[str, ...]] = [
         "app.settings",
         "app.cli_help",
         "app.errors",
-        "app.schemas",
         "app.decode",
         "app.image_headers",
         "app.metrics",
         "app.collectors",
         "app.logs",
-        "app.client",
         "app.demo",
         "app.eval",
         "app.testing",
@@ -43,14 +44,17 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict[str, Path]:
-    files = [*ROOT.glob("app/**/*.py"), *ROOT.glob("calibration_store/**/*.py")]
-    return {_module_name(f): f for f in files}
+    packages = [(ROOT, "app"), (ROOT, "calibration_store"), (SOURCE_ROOTS[1], "lad_client")]
+    return {
+        _module_name(f, root): f for root, package in packages
+        for f in root.glob(f"{package}/**/*.py")
+    }
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -120,10 +124,29 @@ def test_no_import_cycle() -> None:
 def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
     code = (
         "import sys\n"
-        "import app.client, app.schemas, app.decode, app.errors, app.settings\n"
+        "import lad_client, lad_client.types, app.decode, app.errors, app.settings\n"
         "import app.engine.labels, app.engine.methods, app.engine.calibrate, app.main\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_lad_client_imports_nothing_of_the_service() -> None:
+    """The client installs alone (pip install ./clients/python): no app, no store, no model."""
+    code = (
+        "import sys\n"
+        "import lad_client.vocabulary\n"
+        "light = sorted(m for m in ('httpx', 'pydantic', 'PIL') if m in sys.modules)\n"
+        "assert not light, ('the vocabulary is stdlib only', light)\n"
+        "import lad_client, lad_client.types\n"
+        "from lad_client import AsyncLadClient, LadClient, LadError, RetryPolicy\n"
+        "heavy = ('torch', 'transformers', 'matplotlib', 'numpy', 'fastapi', 'app',\n"
+        "         'calibration_store')\n"
+        "loaded = sorted(m for m in heavy if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "clients" / "python",
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from app.api.bodies import read_json
 from app.api.deps import ServiceDep
 from app.api.registry import register
-from app.schemas import (
+from lad_client.types import (
     CALIBRATE_EXAMPLE,
     MAX_CALIBRATION_EXAMPLES,
     RECOMMENDED_CALIBRATION_EXAMPLES,

@@ -10,7 +10,7 @@ from app.api.bodies import read_json
 from app.api.deps import ServiceDep
 from app.api.registry import register
 from app.api.routes.profiles import LabelsParam, NameParam, NParam
-from app.schemas import FeedbackRequest, FeedbackResponse, RefreshResponse
+from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
 
 router = APIRouter(tags=["online calibration"])
 

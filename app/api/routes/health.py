@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.registry import register
-from app.schemas import Health, Readiness
+from lad_client.types import Health, Readiness
 
 router = APIRouter(tags=["health"])
 

@@ -9,15 +9,14 @@ from fastapi import APIRouter, Path, Query
 from app.api.deps import ServiceDep
 from app.api.registry import register
 from app.engine.labels import STORED_TEXT_PATTERN
-from app.schemas import (
+from lad_client.types import (
     MAX_VERSION,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
     ProfileSummary,
 )
-from app.settings import MAX_N
-from calibration_store.profile import NAME_PATTERN
+from lad_client.vocabulary import MAX_N, NAME_PATTERN
 
 router = APIRouter(tags=["profiles"])
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from app.api.bodies import read_query_body
 from app.api.deps import ServiceDep, SettingsDep
 from app.api.registry import register
-from app.schemas import RerankOptions, RerankRequest, RerankResponse
+from lad_client.types import RerankOptions, RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
 

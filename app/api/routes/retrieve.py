@@ -11,7 +11,7 @@ from app.api.bodies import read_query_body
 from app.api.deps import ServiceDep, SettingsDep
 from app.api.registry import register
 from app.engine.labels import parse_labels
-from app.schemas import RetrieveOptions, RetrieveRequest, RetrieveResponse
+from lad_client.types import RetrieveOptions, RetrieveRequest, RetrieveResponse
 
 router = APIRouter(tags=["retrieve"])
 

@@ -27,10 +27,10 @@ from app.engine.calibrate import (
     raw_position_share,
 )
 from app.engine.labels import Labels
-from app.schemas import CalibratedN, CalibrateRequest, CalibrateResponse
 from app.service.feedback import calibration_record
 from app.service.pipeline import Pipeline
 from calibration_store import Fingerprint, Profile
+from lad_client.types import CalibratedN, CalibrateRequest, CalibrateResponse
 
 
 def requested_sizes(n: Sequence[int] | Literal["all"], candidates: int) -> list[int]:

@@ -6,10 +6,10 @@ loop."""
 from __future__ import annotations
 
 from app import errors, logs
-from app.schemas import FeedbackRequest, FeedbackResponse, RefreshResponse
 from app.service.feedback import OnlineService
 from calibration_store import ProfileKey
 from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE
+from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
 
 
 async def feedback(online: OnlineService, body: FeedbackRequest) -> FeedbackResponse:

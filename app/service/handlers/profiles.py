@@ -5,8 +5,8 @@ both."""
 
 from __future__ import annotations
 
-from app.schemas import ProfileDeleted, ProfileList, ProfileRolledBack, ProfileSummary
 from app.service.feedback import OnlineService
+from lad_client.types import ProfileDeleted, ProfileList, ProfileRolledBack, ProfileSummary
 
 
 async def list_profiles(online: OnlineService) -> ProfileList:

@@ -21,8 +21,8 @@ from app.decode import ImageInput
 from app.engine.labels import Labels
 from app.engine.methods import passes
 from app.engine.tournament import Tournament, window_sizes
-from app.schemas import RerankMeta, RerankOptions, RerankResponse, RerankResult
 from app.service.pipeline import Pipeline, Plan, ms_since
+from lad_client.types import RerankMeta, RerankOptions, RerankResponse, RerankResult
 
 
 def _check_counts(p: Pipeline, n: int, top_n: int | None) -> int:

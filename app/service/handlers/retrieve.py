@@ -17,9 +17,9 @@ from app import errors, logs
 from app.decode import ImageInput
 from app.engine import debias
 from app.engine.methods import passes
-from app.schemas import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse
 from app.service.feedback import OnlineService
 from app.service.pipeline import Context, Pipeline, ms_since
+from lad_client.types import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse
 
 
 def _uncalibrated(p: Pipeline, ctx: Context) -> errors.ServiceError:

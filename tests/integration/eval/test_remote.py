@@ -10,7 +10,6 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.client import LadClient
 from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
 from app.eval.remote import RemoteBackend
@@ -18,6 +17,7 @@ from app.main import create_app
 from app.models.loader import load_runner
 from app.settings import Settings
 from calibration_store import open_store
+from lad_client import LadClient
 
 METHODS = ["vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg"]
 

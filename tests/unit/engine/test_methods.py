@@ -88,7 +88,7 @@ def test_missing_inputs_are_errors(evidence) -> None:
 
 def test_the_wire_offers_exactly_the_engine_methods() -> None:
     from app.api.routes.retrieve import _MULTIPART_SCHEMA
-    from app.schemas import RetrieveOptions
+    from lad_client.types import RetrieveOptions
 
     enum = RetrieveOptions.model_json_schema()["properties"]["method"]["enum"]
     assert tuple(enum) == METHODS

@@ -2,13 +2,13 @@
 agree on (path, method, token, body, error codes, response), and what the server does at
 its edge (body limit, audit line).
 
-Pure data, standard library only, so the light client can read it as well as the server:
-the route decorators (``app.api.registry``), the body guard's limits
-(``app.api.middleware``), the OpenAPI error and request-body docs (``app.api.route_errors``,
-``app.api.openapi``), the audit log (``app.logs``) and the content-type check
-(``app.api.bodies``) are all derived from ``ROUTES``. Error codes are the wire codes
-(``app.errors`` maps each to its class and HTTP status); models are named by their class in
-``app.schemas``.
+Pure data, standard library only: the clients take each call's method, path and token
+from it (``lad_client.calls``), and on the server the route decorators
+(``app.api.registry``), the body guard's limits (``app.api.middleware``), the OpenAPI error
+and request-body docs (``app.api.route_errors``, ``app.api.openapi``), the audit log
+(``app.logs``) and the content-type check (``app.api.bodies``) are all derived from
+``ROUTES``. Error codes are the wire codes (``app.errors`` maps each to its class and HTTP
+status); models are named by their class in ``lad_client.types``.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ class Route:
     """The template, ``{name}`` for path parameters."""
     summary: str
     response: str | None
-    """The response model's class name in app.schemas (None: not JSON, e.g. /metrics)."""
+    """The response model's class name in lad_client.types (None: not JSON, e.g. /metrics)."""
     errors: tuple[str, ...]
     """The error codes it may answer, as sent in ``error.code``."""
     auth: Auth = "none"
     content_types: tuple[str, ...] = ()
     """The request body's accepted media types (``+json`` suffixes count as JSON); () = none."""
     request: str | None = None
-    """The JSON request model's class name in app.schemas (None: no body)."""
+    """The JSON request model's class name in lad_client.types (None: no body)."""
     form_files: str | None = None
     """In a multipart/form-data body, the field that carries the image files."""
     body_limit: str | None = None
