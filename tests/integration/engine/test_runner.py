@@ -232,7 +232,10 @@ def test_fingerprint_fields(runner: Runner, shared_runner) -> None:
 
 
 def test_loader_round_trip(tmp_path: Path) -> None:
-    model, processor = build_tiny("qwen2_5_vl", seed=2)
+    # the byte-level vocabulary: this is about weights, Λ, dtype and the capture surviving
+    # save -> load_runner; reading the real 151k-token tokenizer.json back costs ~20 s on a
+    # busy CPU, and tests/integration/models/test_loading.py loads that one already
+    model, processor = build_tiny("qwen2_5_vl", seed=2, vocab="bytes")
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     in_memory = make_runner(model, processor, layers=(1, 3))
