@@ -72,8 +72,11 @@ def test_checkpoint_dir_is_served_through_lad_model(
 @pytest.mark.parametrize("family", FAMILIES)
 def test_moe_variant_is_served_by_the_same_adapter(family: str, tmp_path: Path) -> None:
     """qwen3_vl_moe, qwen3_5_moe, glm4v_moe: the dense family's layout with experts in the
-    MLPs; saved and loaded, the family's adapter serves it and the capture equals eager."""
-    model, processor = build_tiny(family, moe=True)
+    MLPs; saved and loaded, the family's adapter serves it and the capture equals eager.
+    The Qwen ones on the byte-level vocabulary: reading a released 151k-token tokenizer.json
+    back costs ~20 s on a busy CPU and is the checkpoint test's above, not this one's."""
+    vocab = {} if family == "glm4v" else {"vocab": "bytes"}
+    model, processor = build_tiny(family, moe=True, **vocab)
     assert model.config.model_type == f"{family}_moe"
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
