@@ -1,6 +1,7 @@
 """The one evaluation harness of the project (``lad eval``, DESIGN §2.7).
 
-    cli          the command: flags -> EvalConfig, load the model, run
+    config       EvalConfig: every setting of a run, each field also its --flag (default, help)
+    cli          the command: the parser generated from EvalConfig, load the model, run
     harness      one run per (n, setting): datasets -> calibration -> orderings -> methods
                  -> predictions.jsonl, calibration.json, metrics.json, report.md, plots
     datasets/    one reader each: synthetic (the demo world), jsonl, coco, flickr; CLIP

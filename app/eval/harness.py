@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from app.engine.methods import MethodConfig
 from app.eval import plots, report
+from app.eval.config import EvalConfig
 from app.eval.datasets import DEFAULT_SETTINGS, Dataset, check_disjoint, open_dataset
 from app.eval.evidence import (
     GENERATION_METHODS,
@@ -29,119 +28,10 @@ from app.eval.evidence import (
     score_methods,
 )
 from app.eval.metrics import compute_metrics
-from app.eval.paper import PERM_AVG_STREAM, ProtocolSpec, random_orders, shared_orderings, spec
-from app.eval.protocol import balanced_count, item_orderings
+from app.eval.paper import PERM_AVG_STREAM, random_orders, shared_orderings, spec
+from app.eval.protocol import item_orderings
 from app.eval.protocol_record import protocol_entry, tile_budget, write_protocol
 from app.eval.records import run_key, write_records
-from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
-
-DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg")
-
-
-SECRET_FLAGS = frozenset({"token", "admin_token"})
-
-
-@dataclass
-class EvalConfig:
-    """Every flag of ``lad eval`` (see ``app.eval.cli`` for their help)."""
-
-    out: Path
-    model: str = "demo"
-    dataset: str = "synthetic"
-    data: Path | None = None
-    images: Path | None = None
-    instances: Path | None = None
-    clip: Path | None = None
-    cache_dir: Path = Path("var/cache")
-    settings: list[str] | None = None
-    ns: list[int] = field(default_factory=lambda: [4])
-    protocol: str = "ours"
-    dry_run: bool = False
-    items: int = 200
-    orderings: int | None = None
-    calibration: int = 5
-    eval_seed: int | None = None
-    calibration_seed: int | None = None
-    ordering_seed: int = 0
-    calibration_setting: str | None = None
-    calibration_dataset: str | None = None
-    calibration_data: Path | None = None
-    calibration_images: Path | None = None
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
-    labels: str = "digits"
-    prompt_variant: str = "vanilla"
-    layers: list[int] | None = None
-    top_k: int = MethodConfig.top_k
-    tau: float = MethodConfig.tau
-    posterior_variant: str = MethodConfig.posterior_variant
-    mixture: str = MethodConfig.mixture
-    no_prior: bool = False
-    item_seeds: list[int] | None = None
-    url: str | None = None
-    concurrency: int = 8
-    token: str | None = None
-    admin_token: str | None = None
-    zero_bias: bool = False
-    all_layers: bool = False
-    sink_guard: bool = MethodConfig.sink_guard
-    batch_size: int = 16
-    threads: int | None = 1
-    samples: int | None = None
-    temperature: float | None = None
-    sc_top_k: int | None = None
-    generation_seed: int = 0
-    cot_prompt: str | None = None
-    cot_max_new_tokens: int | None = None
-    sc_max_new_tokens: int | None = None
-    bootstrap: int = BOOTSTRAP_SAMPLES
-    bootstrap_seed: int = BOOTSTRAP_SEED
-    progress: bool = True
-    command: str = ""
-    # streaming mode (app.eval.stream)
-    stream: bool = False
-    feedback_rate: float = 0.3
-    window: int = 100
-    refresh_every: int = 50
-    min_row_count: int = 20
-    min_holdout: int = 20
-    drift_prompt_variant: str | None = None
-    prior_from: str = "feedback"
-
-    def method_config(self) -> MethodConfig:
-        return MethodConfig(
-            top_k=self.top_k, tau=self.tau, posterior_variant=self.posterior_variant,
-            mixture=self.mixture, sink_guard=self.sink_guard, use_prior=not self.no_prior,
-        )  # fmt: skip
-
-    def to_dict(self) -> dict[str, Any]:
-        """The flags for metrics.json (the tokens of --url never)."""
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()
-                if k not in SECRET_FLAGS}  # fmt: skip
-
-    def protocol_spec(self) -> ProtocolSpec:
-        """The protocol's settings with the flags that override them (None: keep)."""
-        base = spec(self.protocol)
-
-        def fill(g: Any, **values: Any) -> Any:
-            return replace(g, **{k: v for k, v in values.items() if v is not None})
-
-        return replace(
-            base,
-            cot=fill(base.cot, prompt=self.cot_prompt, max_new_tokens=self.cot_max_new_tokens),
-            self_consistency=fill(
-                base.self_consistency, prompt=self.cot_prompt, samples=self.samples,
-                max_new_tokens=self.sc_max_new_tokens, temperature=self.temperature,
-                top_k=self.sc_top_k,
-            ),
-        )  # fmt: skip
-
-    def ordering_count(self, n: int) -> int:
-        """T actually used at N: balanced (a multiple of N) or the shared count (<= N!)."""
-        p = spec(self.protocol)
-        t = p.default_orderings if self.orderings is None else self.orderings
-        if p.orderings == "balanced":
-            return balanced_count(t, n)
-        return len(random_orders(n, t, self.ordering_seed))
 
 
 def _default_seeds(name: str) -> tuple[int, int]:

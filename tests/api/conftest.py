@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from app.demo.world import RetrievalExample, make_items
 from app.main import create_app
 from app.settings import Settings
-from app.testing.tiny_models import tiny_runner
 from calibration_store import ProfileStore, open_store
 from tests.api.helpers import calibration_body
 
@@ -25,8 +24,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def runner() -> Any:
-    return tiny_runner("qwen2_5_vl")
+def runner(shared_runner: Callable[..., Any]) -> Any:
+    return shared_runner("qwen2_5_vl")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import pytest
 
 from app.engine import debias
 from app.engine.attention import EAGER_HOOK_CAPTURE
-from app.testing.tiny_models import tiny_runner
 from calibration_store import open_store
 from tests.api.helpers import retrieve_body
 from tests.api.test_sink_guard import SinkRunner
@@ -19,8 +18,8 @@ LAMBDA = [7, 8, 9, 10, 11]
 
 
 @pytest.fixture(scope="module")
-def deep_runner():
-    return tiny_runner("qwen2_5_vl", num_hidden_layers=12, capture=EAGER_HOOK_CAPTURE)
+def deep_runner(shared_runner):
+    return shared_runner("qwen2_5_vl", num_hidden_layers=12, capture=EAGER_HOOK_CAPTURE)
 
 
 def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_runner, items,
@@ -44,9 +43,9 @@ def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_
 
 
 def test_a_profile_of_the_other_capture_is_refused(make_client, deep_runner, items,
-                                                   calibrate_json) -> None:  # fmt: skip
+                                                   calibrate_json, shared_runner) -> None:
     store = open_store("memory://")
-    sdpa = tiny_runner("qwen2_5_vl", num_hidden_layers=12)
+    sdpa = shared_runner("qwen2_5_vl", num_hidden_layers=12)
     made = make_client(runner_override=sdpa, store=store).post("/v1/calibrate",
                                                                json=calibrate_json)  # fmt: skip
     assert made.status_code == 200, made.text

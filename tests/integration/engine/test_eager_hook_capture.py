@@ -18,17 +18,17 @@ from app.engine.attention import (
     span_mass,
 )
 from app.engine.runner import RetrievalItem, Runner
-from app.testing.tiny_models import random_images, tiny_runner
+from app.testing.tiny_models import random_images
 
 torch.set_num_threads(1)
 LAYERS = 12
 
 
 @pytest.fixture(scope="module")
-def runners() -> tuple[Runner, Runner]:
+def runners(shared_runner) -> tuple[Runner, Runner]:
     """The same tiny Qwen2.5-VL weights under the SDPA capture and under the eager hook."""
-    sdpa = tiny_runner("qwen2_5_vl", num_hidden_layers=LAYERS)
-    hook = tiny_runner("qwen2_5_vl", num_hidden_layers=LAYERS, capture=EAGER_HOOK_CAPTURE)
+    sdpa = shared_runner("qwen2_5_vl", num_hidden_layers=LAYERS)
+    hook = shared_runner("qwen2_5_vl", num_hidden_layers=LAYERS, capture=EAGER_HOOK_CAPTURE)
     return sdpa, hook
 
 

@@ -4,18 +4,15 @@ adapter and images-first prompt, seeded sampling, one result per item, costs cou
 from __future__ import annotations
 
 import pytest
-import torch
 
 from app.demo import world
 from app.engine.generate import generate_answers
 from app.engine.interface import RetrievalItem
-from app.testing.tiny_models import tiny_runner
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return tiny_runner("qwen2_5_vl")
+def runner(shared_runner):
+    return shared_runner("qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from app.engine.calibrate import estimate_calibration
 from app.engine.interface import RetrievalItem
@@ -26,7 +25,6 @@ from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.metrics import compute_metrics
 from app.eval.protocol import apply_ordering
 from app.eval.records import read_records
-from app.models.loader import load_runner
 from tests.unit.eval.fixtures import tiny_clip, write_coco, write_jsonl, write_world_images
 
 KEYS = {"item", "n", "setting", "ordering", "order", "method", "gt_position",
@@ -36,9 +34,8 @@ ALL = ["vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg", "instruct
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return load_runner("demo", threads=1)
+def runner(shared_runner):
+    return shared_runner("demo")
 
 
 def _config(out: Path, **overrides) -> EvalConfig:

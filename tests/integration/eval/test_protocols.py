@@ -7,19 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from app.eval import cli
 from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
-from app.models.loader import load_runner
 from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return load_runner("demo", threads=1)
+def runner(shared_runner):
+    return shared_runner("demo")
 
 
 class SizeSpy:

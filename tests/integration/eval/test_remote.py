@@ -14,7 +14,6 @@ from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
 from app.eval.remote import RemoteBackend
 from app.main import create_app
-from app.models.loader import load_runner
 from app.settings import Settings
 from calibration_store import open_store
 from lad_client import LadClient
@@ -28,9 +27,9 @@ def _config(out) -> EvalConfig:
 
 
 @pytest.mark.slow
-def test_url_equals_in_process_on_the_same_seeds(tmp_path) -> None:
+def test_url_equals_in_process_on_the_same_seeds(tmp_path, shared_runner) -> None:
     torch.set_num_threads(1)
-    run_evaluation(load_runner("demo", threads=1), _config(tmp_path / "local"))
+    run_evaluation(shared_runner("demo"), _config(tmp_path / "local"))
     settings = Settings(_env_file=None, store_url="memory://")
     app = create_app(settings, store=open_store("memory://"))
     with TestClient(app) as http:

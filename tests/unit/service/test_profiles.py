@@ -17,7 +17,6 @@ import pytest
 from app import errors
 from app.metrics import Metrics
 from app.service.profiles import ProfileService, calibration_of
-from app.testing.tiny_models import tiny_runner
 from calibration_store import Profile, open_store
 
 
@@ -41,8 +40,8 @@ class RecordingStore:
 
 
 @pytest.fixture(scope="module")
-def runner() -> Any:
-    return tiny_runner("qwen2_5_vl", layers=(1, 2))
+def runner(shared_runner: Any) -> Any:
+    return shared_runner("qwen2_5_vl", layers=(1, 2))
 
 
 def _profile(service: ProfileService, layers: list[int], seed: int = 0, n: int = 3) -> Profile:
