@@ -4,7 +4,8 @@ the wire path imports without torch.
 Layers, lowest first: the profile schema and stores; the engine (model-agnostic core); the
 model families; the service's building blocks (settings, errors, schemas, decode, metrics,
 client) beside the evaluation, the demo and the test models; the service; the HTTP routes;
-the entry points. Every import, lazy ones inside functions included, is an edge.
+the entry points; the developer tools outside the package.
+Every import, lazy ones inside functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve", "app.limits_doc", "app.readme_blocks",
-     "app.families_doc"),
+    ("app.main", "app.cli", "app.bench", "app.serve"),
+    ("tools",),  # developer tools (the generated documentation blocks), never imported by app
 ]
 
 
@@ -46,7 +47,8 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    files = [*ROOT.glob("app/**/*.py"), *ROOT.glob("calibration_store/**/*.py")]
+    files = [*ROOT.glob("app/**/*.py"), *ROOT.glob("calibration_store/**/*.py"),
+             *ROOT.glob("tools/**/*.py")]
     return {_module_name(f): f for f in files}
 
 
