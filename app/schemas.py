@@ -152,7 +152,7 @@ class RetrieveResponse(BaseModel):
     )
     request_id: str | None = Field(
         None, description="this request's id (= the X-Request-ID header): POST /v1/feedback "
-        "with it and the correct index to improve the profile (README: Online calibration)"
+        "with it and the correct index to improve the profile (docs/calibration.md: Online calibration)"
     )
 
 
@@ -229,7 +229,7 @@ class CalibrateResponse(BaseModel):
     duration_s: float = Field(description="seconds the calibration took")
     diagnostics: dict[str, object] | None = Field(
         None, description="leave-one-example-out accuracy of vanilla, attn_pure and agd over "
-        "the calibration instances, bootstrap spread of B (README: Online calibration)"
+        "the calibration instances, bootstrap spread of B (docs/calibration.md: Online calibration)"
     )
     per_n: list[CalibratedN] | None = Field(
         None,
@@ -379,7 +379,7 @@ class ErrorDetail(BaseModel):
     """What went wrong, for a program (code) and for a person (message)."""
 
     code: Literal[tuple(cls.code for cls in ERRORS)] = Field(  # type: ignore[valid-type]
-        description="the stable cause (README: Limits and errors)"
+        description="the stable cause (docs/api.md: Limits and errors)"
     )
     message: str = Field(description="for a person: what happened and what to do; never parsed")
     request_id: str | None = Field(

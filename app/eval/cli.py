@@ -131,7 +131,7 @@ def build_parser(prog: str = "lad eval") -> argparse.ArgumentParser:
                         help="requests in flight at once" + d)  # fmt: skip
     remote.add_argument("--token", default=None, help="API token (Authorization: Bearer)")
     remote.add_argument("--admin-token", default=None, help="admin token for /v1/calibrate")
-    stream = p.add_argument_group("streaming mode (online calibration, README)")
+    stream = p.add_argument_group("streaming mode (online calibration, docs/evaluation.md)")
     stream.add_argument("--stream", action="store_true", help="replay --items as traffic "
                         "(first -n and --setting) with feedback and online refresh")  # fmt: skip
     stream.add_argument("--feedback-rate", type=float, default=0.3,
