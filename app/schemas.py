@@ -152,7 +152,7 @@ class RetrieveResponse(BaseModel):
     )
     request_id: str | None = Field(
         None, description="this request's id (= the X-Request-ID header): POST /v1/feedback "
-        "with it and the correct index to improve the profile (docs/calibration.md: Online calibration)"
+        "with it and the correct index to improve the profile (docs/calibration.md)"
     )
 
 

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         "lad", min_length=1, description="Redis key prefix (several deployments in one Redis)"
     )
 
-    # --- online calibration (docs/calibration.md "Online calibration") --------------------------------
+    # --- online calibration (docs/calibration.md) -------------------------------------------
     evidence_ttl_s: float = Field(
         900.0, gt=0, description="how long a retrieval's evidence (scores, attention) waits "
         "for POST /v1/feedback"

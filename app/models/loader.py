@@ -181,7 +181,7 @@ def load_runner(
         budget = adapter_cls.set_pixel_budget(processor, max_pixels, min_pixels)
         if budget is None:
             log.warning("%s has no per-image pixel budget: LAD_MAX_PIXELS / LAD_MIN_PIXELS "
-                        "are ignored (docs/models.md 'Image resolution and prompt length')", adapter_cls.__name__)
+                        "are ignored (docs/models.md)", adapter_cls.__name__)
         else:
             log.info("image budget: %s", budget)
     runner = Runner(
