@@ -4,10 +4,12 @@ the repository, runnable examples well formed, example images current."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from app.settings import Settings
-from tests.doc_examples import PAGES, ROOT, admin_token, blocks, runnable
+from tests.doc_examples import PAGES, ROOT, admin_token, blocks, outputs, runnable, script
 from tools import render_examples
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -76,3 +78,23 @@ def test_example_images_exist_and_are_current() -> None:
     rendered = set(render_examples.images())
     assert named and named <= rendered, named - rendered
     assert render_examples.main(["--check"]) == 0, "run `python -m tools.render_examples --write`"
+
+
+def test_a_page_becomes_one_script_and_its_output_splits_per_block(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "intro\n\n```bash\nB=http://127.0.0.1:8000\necho \"$B\"\n```\n"
+        "<!-- expect: ^http://x:1$ -->\n\n<!-- no-run -->\n```bash\nexit 1\n```\n\n"
+        "```python\nprint(6 * 7)\n```\n<!-- expect: ^42$ -->\n<!-- expect: 4 -->\n"
+        "```json\n{}\n```\n"
+    )
+    found = blocks(page)
+    assert [(b.language, b.runs) for b in found] == [
+        ("bash", True), ("bash", False), ("python", True), ("json", False)]
+    assert found[2].expects == ["^42$", "4"]
+    text = script(page, "http://x:1", sys.executable)
+    assert "exit 1" not in text and "http://127.0.0.1:8000" not in text
+    done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60)
+    got = outputs(done.stdout)
+    assert done.returncode == 0 and got["0"].strip() == "http://x:1" and got["1"].strip() == "42"
+    assert "end" in got
