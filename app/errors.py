@@ -39,7 +39,7 @@ REQUEST_ID_SCOPE_KEY = "lad.request_id"
 
 class ServiceError(Exception):
     """Base of the service's errors: `code` is the stable cause, `status` its HTTP status,
-    `meaning` the one-line explanation shown in the README and in the OpenAPI schema."""
+    `meaning` the one-line explanation shown in docs/api.md and in the OpenAPI schema."""
 
     code: ClassVar[str] = "error"
     status: ClassVar[int] = 500

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
         "lad", min_length=1, description="Redis key prefix (several deployments in one Redis)"
     )
 
-    # --- online calibration (README "Online calibration") --------------------------------
+    # --- online calibration (docs/calibration.md) -------------------------------------------
     evidence_ttl_s: float = Field(
         900.0, gt=0, description="how long a retrieval's evidence (scores, attention) waits "
         "for POST /v1/feedback"
@@ -97,7 +97,7 @@ class Settings(BaseSettings):
         "served request (P needs no labels)"
     )
 
-    # --- input limits (README "Limits and errors") ------------------------------------
+    # --- input limits (docs/api.md "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
     max_rerank_candidates: int = Field(
         64, ge=2, le=MAX_N, description="most documents per /v1/rerank request (above the "

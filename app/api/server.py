@@ -242,7 +242,7 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The server's own limits as ``uvicorn.Config`` arguments (documented in the README):
+    """The server's own limits as ``uvicorn.Config`` arguments (docs/configuration.md):
     connection bound, head deadline and size, keep-alive; ``app.serve`` adds host, port and
     logs. No ``limit_concurrency``: it counts idle connections as load (module docstring)."""
     protocol = type(

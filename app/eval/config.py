@@ -27,7 +27,7 @@ DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "pride", "attn_raw", "attn_pure",
 FLAG_GROUPS: dict[str, tuple[str, str | None]] = {
     "generation": ("generation baselines (default: the protocol's, all explicit)", None),
     "remote": ("a running service instead of a model (app/eval/remote.py)", None),
-    "stream": ("streaming mode (online calibration, README)", None),
+    "stream": ("streaming mode (online calibration, docs/evaluation.md)", None),
 }
 """The option groups of ``lad eval --help`` (a Flag's ``group``), in their order there."""
 

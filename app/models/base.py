@@ -41,7 +41,7 @@ class HFAdapter:
     # "sdpa": rows captured inside transformers' SDPA call; "eager_hook": the fallback for
     # attention that bypasses transformers' attention interface (app.engine.attention)
     capture: ClassVar[str] = "sdpa"
-    # documentation (the README family table): the image-token layout in one line, the knob
+    # documentation (docs/models.md family table): the image-token layout in one line, the knob
     # that bounds the tokens per image, and what was tested
     doc_layout: ClassVar[str] = ""
     doc_pixel_knob: ClassVar[str] = ""

@@ -181,7 +181,7 @@ def load_runner(
         budget = adapter_cls.set_pixel_budget(processor, max_pixels, min_pixels)
         if budget is None:
             log.warning("%s has no per-image pixel budget: LAD_MAX_PIXELS / LAD_MIN_PIXELS "
-                        "are ignored (README 'Real models')", adapter_cls.__name__)
+                        "are ignored (docs/models.md)", adapter_cls.__name__)
         else:
             log.info("image budget: %s", budget)
     runner = Runner(
@@ -219,7 +219,7 @@ def _pretrained(load: Any, model: str, source: str, revision: str | None) -> Any
             raise
         raise ModelLoadError(
             f"model {model!r} needs the Python code it ships: set LAD_TRUST_REMOTE_CODE=true "
-            "to run it (only for checkpoints you trust; README 'Models')"
+            "to run it (only for checkpoints you trust; docs/models.md)"
         ) from None
 
 

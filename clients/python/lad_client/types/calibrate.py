@@ -90,7 +90,7 @@ class CalibrateResponse(BaseModel):
     duration_s: float = Field(description="seconds the calibration took")
     diagnostics: dict[str, object] | None = Field(
         None, description="leave-one-example-out accuracy of vanilla, attn_pure and agd over "
-        "the calibration instances, bootstrap spread of B (README: Online calibration)"
+        "the calibration instances, bootstrap spread of B (docs/calibration.md: Online calibration)"
     )
     per_n: list[CalibratedN] | None = Field(
         None,

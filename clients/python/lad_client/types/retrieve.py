@@ -78,5 +78,5 @@ class RetrieveResponse(BaseModel):
     )
     request_id: str | None = Field(
         None, description="this request's id (= the X-Request-ID header): POST /v1/feedback "
-        "with it and the correct index to improve the profile (README: Online calibration)"
+        "with it and the correct index to improve the profile (docs/calibration.md)"
     )
