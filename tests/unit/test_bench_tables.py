@@ -8,7 +8,12 @@ import json
 import pytest
 
 from app.bench import tables
-from app.bench.service import FIXED_STAGES, SERVER_STAGES, server_timing_ms, stage_breakdown
+from app.bench.service_details import (
+    FIXED_STAGES,
+    SERVER_STAGES,
+    server_timing_ms,
+    stage_breakdown,
+)
 
 
 def _cell(variant: str, n: int, ms: float, mib: float) -> dict:
