@@ -37,7 +37,7 @@ import numpy as np
 
 from app.bench.engine_cells import VARIANTS, Cell, render, spread
 from app.bench.engine_setup import DEVICE, build, requests, side_for, sync
-from app.bench.results import write_record
+from app.bench.results import device_name, write_record
 from app.cli_help import command_parser
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -191,15 +191,6 @@ def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _device_name(device: str) -> str:
-    """The accelerator's own name (e.g. "NVIDIA H200"), or the CPU architecture."""
-    import torch
-
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return torch.cuda.get_device_name(0)
-    return f"cpu ({platform.machine()})"
-
-
 def _paired(run: dict, variant: str) -> np.ndarray:
     return np.array(run["times_ms"][variant]) / np.array(run["times_ms"]["sdpa"])
 
@@ -328,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch_threads": args.threads,
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
-            "device": _device_name(args.device),
+            "device": device_name(args.device),
             "dtype": args.dtype,
             "reps": args.reps,
             "repeats": args.repeats,

@@ -36,6 +36,7 @@ class BatchCell:
     median_ms: float  # the whole batch, processor to debiased answers
     requests_per_s: float  # batch / median_ms
     reps: int
+    peak_mib: float | None = None  # CUDA: the allocator's peak above the level before
 
 
 @dataclass
@@ -49,6 +50,7 @@ class PermAvgCell:
     agd_median_ms: float
     paired_ratio_to_agd: float  # median over rounds of perm_avg / agd (batch 1)
     reps: int
+    peak_mib: float | None = None  # CUDA: the allocator's peak above the level before
 
 
 def _calls(runner, items, n: int, batches: Sequence[int]) -> dict[str, Callable[[], None]]:
@@ -86,9 +88,9 @@ def _calls(runner, items, n: int, batches: Sequence[int]) -> dict[str, Callable[
 
 def measure_batches(
     runner, side: int, n: int, batches: Sequence[int], reps: int
-) -> tuple[dict[int, list[float]], list[float], int]:
-    """Per batch size its batch times (ms), perm_avg's times (ms), and the prompt length of
-    one request (N images of side x side pixels)."""
+) -> tuple[dict[int, list[float]], list[float], int, dict[str, float]]:
+    """Per batch size its batch times (ms), perm_avg's times (ms), the prompt length of one
+    request (N images of side x side pixels) and, on CUDA, each call's peak memory."""
     batches = sorted({int(b) for b in batches} | {1})  # batch 1 is perm_avg's pair
     items = requests(n, side, count=max(batches))
     calls = _calls(runner, items, n, batches)
@@ -102,32 +104,53 @@ def measure_batches(
             if rnd:
                 times[name].append((time.perf_counter() - start) * 1e3)
     tokens = int(runner.process(items[:1]).input_ids.shape[1])
-    return {b: times[f"batch {b}"] for b in batches}, times[PERM_AVG], tokens
+    return {b: times[f"batch {b}"] for b in batches}, times[PERM_AVG], tokens, cuda_peaks(calls)
+
+
+def cuda_peaks(calls: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """On CUDA, each call's allocator peak (MiB) above the level right before it; {} else."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    peaks = {}
+    for name, call in calls.items():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        call()
+        torch.cuda.synchronize()
+        peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return peaks
 
 
 def cells_of(
     target: int, n: int, tokens: int, by_batch: dict[int, list[float]], perm: list[float],
-    wanted: Sequence[int],
+    wanted: Sequence[int], peaks: dict[str, float] | None = None,
 ) -> tuple[list[BatchCell], PermAvgCell]:
     """The cells of one (target tokens, N) from ``measure_batches``' times."""
     rows = []
     for b in sorted({int(x) for x in wanted}):
         median = float(np.median(by_batch[b]))
-        rows.append(BatchCell(target, n, tokens, b, median, b / median * 1e3, len(by_batch[b])))
+        peak = (peaks or {}).get(f"batch {b}")
+        rows.append(BatchCell(target, n, tokens, b, median, b / median * 1e3,
+                              len(by_batch[b]), peak))  # fmt: skip
     ratio = np.array(perm) / np.array(by_batch[1])
     perm_cell = PermAvgCell(
         target, n, tokens, float(np.median(perm)), float(np.median(by_batch[1])),
-        float(np.median(ratio)), len(perm),
+        float(np.median(ratio)), len(perm), (peaks or {}).get(PERM_AVG),
     )  # fmt: skip
     return rows, perm_cell
 
 
 def render_batches(rows: Sequence[BatchCell], perms: Sequence[PermAvgCell]) -> str:
     """The throughput table, then perm_avg's latency against agd."""
-    lines = ["| tokens | N | batch | batch ms | requests/s |", "|" + "---|" * 5]
+    lines = ["| tokens | N | batch | batch ms | requests/s | peak MiB |", "|" + "---|" * 6]
     for r in rows:
+        peak = "–" if r.peak_mib is None else f"{r.peak_mib:.0f}"
         lines.append(f"| {r.prompt_tokens} | {r.n} | {r.batch} | {r.median_ms:.1f} | "
-                     f"{r.requests_per_s:.2f} |")  # fmt: skip
+                     f"{r.requests_per_s:.2f} | {peak} |")  # fmt: skip
     lines += ["", "| tokens | N | perm_avg ms | agd ms | perm_avg / agd paired |",
               "|" + "---|" * 5]  # fmt: skip
     for p in perms:
@@ -148,8 +171,8 @@ def measure_throughput(args: argparse.Namespace, record: Callable[..., dict]) ->
         for n in (int(x) for x in args.n.split(",")):
             side, _ = side_for(args.model, target, n, args.threads)
             runner = build(args.model, side, args.threads)
-            by_batch, perm, tokens = measure_batches(runner, side, n, wanted, args.reps)
-            batch_rows, perm_cell = cells_of(target, n, tokens, by_batch, perm, wanted)
+            by_batch, perm, tokens, peaks = measure_batches(runner, side, n, wanted, args.reps)
+            batch_rows, perm_cell = cells_of(target, n, tokens, by_batch, perm, wanted, peaks)
             rows += batch_rows
             perms.append(perm_cell)
             for r in batch_rows:

@@ -32,7 +32,7 @@ from dataclasses import asdict
 import httpx
 
 from app.bench.live import Served
-from app.bench.results import write_record
+from app.bench.results import device_name, write_record
 from app.bench.service_details import Detail, measure_details, render_details
 from app.bench.service_levels import measure_levels, render_table, run_chunk, summarize
 from app.cli_help import command_parser
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "server_torch_threads": args.threads,
             "cpu_count": os.cpu_count(),
             "device": os.environ.get("LAD_DEVICE", "auto"),
+            "device_name": device_name(os.environ.get("LAD_DEVICE", "auto")),
             "load_avg_1min": {"start": load_start, "end": os.getloadavg()[0]},
             "rows": [asdict(r) for r in rows],
             "details": [asdict(d) for d in details],
