@@ -72,7 +72,8 @@ EOF
 
 if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
   DEV=cpu; TOKENS=300,600; REPS=2; SVC_REQ=8; LARGE=1; DTYPES=float32
-  SHAPE_ARGS="--width 128 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
+  # 224: a whole, even head size over the 3B's 16 heads and the 7B's 28
+  SHAPE_ARGS="--width 224 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
   BATCH_ARGS="--width 128 --tokens 300 --n 2 --reps 1 --batch 1,4"
 else
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
