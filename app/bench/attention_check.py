@@ -28,12 +28,12 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
     """Max |captured - eager| over layers and images for one request of ``n`` images."""
     import torch
 
-    from app.bench import engine
+    from app.bench import engine_setup
     from app.engine.attention import eager_attentions, span_mass
 
-    engine.DEVICE.update(device=device, dtype=dtype)
-    runner = engine._build(model, side, threads=torch.get_num_threads())
-    items = engine._items(n, side, QUERY)
+    engine_setup.DEVICE.update(device=device, dtype=dtype)
+    runner = engine_setup.build(model, side, threads=torch.get_num_threads())
+    items = engine_setup.requests(n, side, QUERY)
     captured = runner.forward(items).attention[0]
     batch = runner.process(items)
     spans = runner.adapter.image_spans(batch.input_ids[0], n)

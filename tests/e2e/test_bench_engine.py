@@ -62,3 +62,20 @@ def test_bench_engine_on_a_real_shape_names_lambda_and_the_spread(tmp_path):
     agd = next(c for c in record["cells"] if c["variant"] == "agd")
     assert len(agd["repeat_ratios"]) == 2 and agd["peak_mib"] is None
     assert "range over runs" in record["table"]
+
+
+@pytest.mark.slow
+def test_bench_engine_batch_writes_throughput_and_perm_avg(tmp_path, capsys):
+    out = tmp_path / "batch.json"
+    code = main(["bench", "engine", "--model", "tiny-qwen2_5_vl", "--tokens", "300",
+                 "--n", "3", "--reps", "1", "--threads", "1", "--batch", "1,2",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert record["complete"] and record["cells"] == []
+    assert [b["batch"] for b in record["batches"]] == [1, 2]
+    for row in record["batches"]:
+        assert row["median_ms"] > 0 and row["requests_per_s"] > 0 and row["n"] == 3
+    (perm,) = record["perm_avg"]
+    assert perm["n"] == 3 and perm["median_ms"] > 0 and perm["paired_ratio_to_agd"] > 0
+    assert "perm_avg / agd" in capsys.readouterr().out

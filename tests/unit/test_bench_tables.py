@@ -7,7 +7,12 @@ import json
 
 import pytest
 
-from app.bench.service import FIXED_STAGES, SERVER_STAGES, server_timing_ms, stage_breakdown
+from app.bench.service_details import (
+    FIXED_STAGES,
+    SERVER_STAGES,
+    server_timing_ms,
+    stage_breakdown,
+)
 from tools.docs import bench_tables as tables
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from app.bench.engine_cells import Cell, spread
 from app.bench.engine_cells import render as render_engine
-from app.bench.service import Detail, LevelResult, render_details, render_table
+from app.bench.service_details import Detail, render_details
+from app.bench.service_levels import LevelResult, render_table
 from app.cli_help import command_parser
 from tools.docs.blocks import DOCS, ROOT, add_flags, replace_block, sync
 
