@@ -23,8 +23,12 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         default = action.default
         if (
-            "default" in text.lower() or default is None or default is argparse.SUPPRESS
-            or default is False or not action.option_strings or action.nargs == 0
+            "default" in text.lower()
+            or default is None
+            or default is argparse.SUPPRESS
+            or default is False
+            or not action.option_strings
+            or action.nargs == 0
         ):
             return text
         return f"{text} (default: %(default)s)".strip()
@@ -56,8 +60,9 @@ class Flag:
     secret: bool = False  # never written into the run's records (a token)
 
 
-def flag(default: Any = MISSING, *, factory: Callable[[], Any] | None = None, help: str,
-         **options: Any) -> Any:
+def flag(
+    default: Any = MISSING, *, factory: Callable[[], Any] | None = None, help: str, **options: Any
+) -> Any:
     """A dataclass field that is also a command-line option (see :func:`add_config_flags`)."""
     meta = {"cli": Flag(help=help, **options)}
     if factory is not None:
@@ -81,8 +86,11 @@ def _value_type(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config: type,
-                     groups: dict[str, tuple[str, str | None]] | None = None) -> None:
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    config: type,
+    groups: dict[str, tuple[str, str | None]] | None = None,
+) -> None:
     """One option per field of the dataclass ``config`` that has a :class:`Flag`, in field
     order, with the field's default and ``dest`` its name: the parsed namespace is the
     config's keyword arguments, so a default or a help text is written once, in the config.

@@ -49,8 +49,9 @@ CALIBRATION: tuple[tuple[str, str, str, str, str], ...] = (
 
 def scene(values: tuple[str, str, str, str, str]) -> SceneObject:
     shape, colour, size, position, background = values
-    return SceneObject(shape=shape, colour=colour, size=size, position=position,
-                       background=background)  # fmt: skip
+    return SceneObject(
+        shape=shape, colour=colour, size=size, position=position, background=background
+    )
 
 
 def file_name(obj: SceneObject) -> str:
@@ -73,8 +74,9 @@ def _same(path: Path, image: Image.Image) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="python -m tools.render_examples", description=__doc__,
-                            raw_description=True)  # fmt: skip
+    parser = command_parser(
+        prog="python -m tools.render_examples", description=__doc__, raw_description=True
+    )
     parser.add_argument("--write", action="store_true", help="write examples/images/*.png")
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
@@ -88,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(name)
         print(f"{name}\t{text}")
     if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m tools.render_examples --write`",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"stale: {', '.join(stale)}; run `python -m tools.render_examples --write`",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -72,6 +72,7 @@ class PeakSampler:
         self._thread.join()
         self.peak = max(self.peak, _rss_bytes())
 
+
 def _variant_call(runner, variant: str, items, bias_matrix, prior):
     """One request of ``variant``; switching the attention backend is not part of the call."""
     import torch
@@ -153,6 +154,7 @@ def measure_peak(model: str, variant: str, side: int, n: int, threads: int) -> f
             once()
     return (sampler.peak - base) / 2**20
 
+
 def measure_cuda_peaks(
     model: str, side: int, n: int, threads: int, variants: Sequence[str] = VARIANTS
 ) -> dict[str, float]:
@@ -179,10 +181,28 @@ def measure_cuda_peaks(
 
 def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int):
     """Run one measurement in a fresh interpreter (so memory peaks do not mix)."""
-    cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
-           "--reps", str(args.reps), "--threads", str(args.threads),
-           "--device", args.device, "--dtype", args.dtype, "--variants", args.variants,
-           "--worker", kind, variant, str(side), str(n)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.bench.engine",
+        "--model",
+        args.model,
+        "--reps",
+        str(args.reps),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--variants",
+        args.variants,
+        "--worker",
+        kind,
+        variant,
+        str(side),
+        str(n),
+    ]
     if args.width:
         cmd += ["--width", str(args.width)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -208,8 +228,10 @@ def measure_cells(
             side, _ = side_for(args.model, target, n, args.threads)
             on_cuda = args.device.startswith("cuda")
             if on_cuda:  # in process: synchronised timings, the allocator's own peaks
-                runs = [measure_latency(args.model, side, n, args.reps, args.threads, variants)
-                        for _ in range(args.repeats)]  # fmt: skip
+                runs = [
+                    measure_latency(args.model, side, n, args.reps, args.threads, variants)
+                    for _ in range(args.repeats)
+                ]
                 peaks = measure_cuda_peaks(args.model, side, n, args.threads, variants)
             else:
                 runs = [_worker(args, "latency", "-", side, n) for _ in range(args.repeats)]
@@ -235,10 +257,12 @@ def measure_cells(
                     repeat_ratios=[float(np.median(_paired(r, variant))) for r in runs],
                 )
                 cells.append(cell)
-                print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
-                      f"median {cell.median_ms:8.1f} ms  paired /sdpa "
-                      f"{cell.paired_ratio_to_sdpa:6.3f} {spread(cell)}  peak {cell.peak_mib} MiB",
-                      flush=True)  # fmt: skip
+                print(
+                    f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
+                    f"median {cell.median_ms:8.1f} ms  paired /sdpa "
+                    f"{cell.paired_ratio_to_sdpa:6.3f} {spread(cell)}  peak {cell.peak_mib} MiB",
+                    flush=True,
+                )
             if progress is not None:
                 progress(cells, runs[0]["layers"])
     return cells
@@ -252,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         help="demo (default), tiny-<family>, shape:<name> (a released architecture with "
         "random weights: app/testing/shapes/) or a path / hub name",
     )
-    parser.add_argument("--width", type=int, help="shape: models: the text hidden size "
-                        "(every width scaled alike; depth, heads and tokens kept)")  # fmt: skip
+    parser.add_argument(
+        "--width",
+        type=int,
+        help="shape: models: the text hidden size "
+        "(every width scaled alike; depth, heads and tokens kept)",
+    )
     parser.add_argument("--tokens", default="300,1500", help="target prompt lengths")
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--reps", type=int, default=9, help="interleaved rounds per run")

@@ -126,21 +126,33 @@ def cuda_peaks(calls: dict[str, Callable[[], None]]) -> dict[str, float]:
 
 
 def cells_of(
-    target: int, n: int, tokens: int, by_batch: dict[int, list[float]], perm: list[float],
-    wanted: Sequence[int], peaks: dict[str, float] | None = None,
+    target: int,
+    n: int,
+    tokens: int,
+    by_batch: dict[int, list[float]],
+    perm: list[float],
+    wanted: Sequence[int],
+    peaks: dict[str, float] | None = None,
 ) -> tuple[list[BatchCell], PermAvgCell]:
     """The cells of one (target tokens, N) from ``measure_batches``' times."""
     rows = []
     for b in sorted({int(x) for x in wanted}):
         median = float(np.median(by_batch[b]))
         peak = (peaks or {}).get(f"batch {b}")
-        rows.append(BatchCell(target, n, tokens, b, median, b / median * 1e3,
-                              len(by_batch[b]), peak))  # fmt: skip
+        rows.append(
+            BatchCell(target, n, tokens, b, median, b / median * 1e3, len(by_batch[b]), peak)
+        )
     ratio = np.array(perm) / np.array(by_batch[1])
     perm_cell = PermAvgCell(
-        target, n, tokens, float(np.median(perm)), float(np.median(by_batch[1])),
-        float(np.median(ratio)), len(perm), (peaks or {}).get(PERM_AVG),
-    )  # fmt: skip
+        target,
+        n,
+        tokens,
+        float(np.median(perm)),
+        float(np.median(by_batch[1])),
+        float(np.median(ratio)),
+        len(perm),
+        (peaks or {}).get(PERM_AVG),
+    )
     return rows, perm_cell
 
 
@@ -149,13 +161,16 @@ def render_batches(rows: Sequence[BatchCell], perms: Sequence[PermAvgCell]) -> s
     lines = ["| tokens | N | batch | batch ms | requests/s | peak MiB |", "|" + "---|" * 6]
     for r in rows:
         peak = "–" if r.peak_mib is None else f"{r.peak_mib:.0f}"
-        lines.append(f"| {r.prompt_tokens} | {r.n} | {r.batch} | {r.median_ms:.1f} | "
-                     f"{r.requests_per_s:.2f} | {peak} |")  # fmt: skip
-    lines += ["", "| tokens | N | perm_avg ms | agd ms | perm_avg / agd paired |",
-              "|" + "---|" * 5]  # fmt: skip
+        lines.append(
+            f"| {r.prompt_tokens} | {r.n} | {r.batch} | {r.median_ms:.1f} | "
+            f"{r.requests_per_s:.2f} | {peak} |"
+        )
+    lines += ["", "| tokens | N | perm_avg ms | agd ms | perm_avg / agd paired |", "|" + "---|" * 5]
     for p in perms:
-        lines.append(f"| {p.prompt_tokens} | {p.n} | {p.median_ms:.1f} | {p.agd_median_ms:.1f} | "
-                     f"{p.paired_ratio_to_agd:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {p.prompt_tokens} | {p.n} | {p.median_ms:.1f} | {p.agd_median_ms:.1f} | "
+            f"{p.paired_ratio_to_agd:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -176,13 +191,22 @@ def measure_throughput(args: argparse.Namespace, record: Callable[..., dict]) ->
             rows += batch_rows
             perms.append(perm_cell)
             for r in batch_rows:
-                print(f"tokens~{target} ({tokens}) N={n} batch {r.batch:3d}  {r.median_ms:9.1f} ms"
-                      f"  {r.requests_per_s:8.2f} requests/s", flush=True)  # fmt: skip
-            print(f"tokens~{target} ({tokens}) N={n} perm_avg {perm_cell.median_ms:9.1f} ms  "
-                  f"/ agd {perm_cell.paired_ratio_to_agd:.2f} (paired)", flush=True)
+                print(
+                    f"tokens~{target} ({tokens}) N={n} batch {r.batch:3d}  {r.median_ms:9.1f} ms"
+                    f"  {r.requests_per_s:8.2f} requests/s",
+                    flush=True,
+                )
+            print(
+                f"tokens~{target} ({tokens}) N={n} perm_avg {perm_cell.median_ms:9.1f} ms  "
+                f"/ agd {perm_cell.paired_ratio_to_agd:.2f} (paired)",
+                flush=True,
+            )
             done = record([], list(runner.layers), False)
-            done.update(batches=[asdict(r) for r in rows], perm_avg=[asdict(p) for p in perms],
-                        table=render_batches(rows, perms))  # fmt: skip
+            done.update(
+                batches=[asdict(r) for r in rows],
+                perm_avg=[asdict(p) for p in perms],
+                table=render_batches(rows, perms),
+            )
             write_record(args.out, done)
     done["complete"] = True
     print(done["table"])

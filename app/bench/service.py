@@ -52,24 +52,35 @@ def build_payloads(count: int, n: int, seed: str, side: int = 224) -> list[dict]
     out = []
     for it in items:
         images = it.images if side == 224 else [im.resize((side, side)) for im in it.images]
-        out.append({"query": it.query, "images": [_jpeg_data_url(im) for im in images],
-                    "answer": it.target})  # fmt: skip
+        out.append(
+            {
+                "query": it.query,
+                "images": [_jpeg_data_url(im) for im in images],
+                "answer": it.target,
+            }
+        )
     return out
 
 
 def start_server(model: str, max_batch_size: int, max_wait_ms: float, threads: int) -> Served:
     """``lad serve`` on a free loopback port with this configuration."""
-    return Served({
-        "LAD_MODEL": model, "LAD_MAX_BATCH_SIZE": str(max_batch_size),
-        "LAD_MAX_WAIT_MS": str(max_wait_ms), "LAD_MAX_QUEUE": "256",
-        "LAD_TORCH_THREADS": str(threads),
-    }).start()  # fmt: skip
+    return Served(
+        {
+            "LAD_MODEL": model,
+            "LAD_MAX_BATCH_SIZE": str(max_batch_size),
+            "LAD_MAX_WAIT_MS": str(max_wait_ms),
+            "LAD_MAX_QUEUE": "256",
+            "LAD_TORCH_THREADS": str(threads),
+        }
+    ).start()
+
 
 def calibrate(url: str, examples: list[dict]) -> dict:
     body = {"examples": examples, "profile": "default", "labels": "digits"}
     response = httpx.post(f"{url}/v1/calibrate", json=body, timeout=600.0)
     response.raise_for_status()
     return response.json()
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(prog="lad bench service", description=__doc__)
@@ -138,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["batching_speedup_at_max_concurrency_paired"] = paired[f"c{max(levels)}"]
     if details:
         print(render_details(details))
-        by_name = {d.name.split(",")[0] + (" large" if d.n_images == 12 else ""): d
-                   for d in details}  # fmt: skip
+        by_name = {
+            d.name.split(",")[0] + (" large" if d.n_images == 12 else ""): d for d in details
+        }
         summary["perm_avg_over_vanilla_c1"] = by_name["perm_avg"].p50_ms / by_name["vanilla"].p50_ms
         summary["perm_avg_over_vanilla_c1_paired"] = perm_ratio
         summary["fixed_path_ms_4x224"] = by_name["agd"].stages_ms["fixed"]

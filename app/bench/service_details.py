@@ -12,8 +12,16 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-SERVER_STAGES = ("base64", "image_decode", "queue", "process", "forward", "score", "debias",
-                 "encode")  # fmt: skip
+SERVER_STAGES = (
+    "base64",
+    "image_decode",
+    "queue",
+    "process",
+    "forward",
+    "score",
+    "debias",
+    "encode",
+)
 """What the server times, disjoint: image_decode = decode - base64 (decode includes it)."""
 FIXED_STAGES = ("http_json", "base64", "image_decode", "process", "encode")
 """The fixed path of a request: what it costs around the model, however fast the model."""
@@ -109,27 +117,55 @@ def measure_details(
     small = "224x224 JPEG"
     n = len(payloads[0]["images"])
     details = [
-        Detail(name=f"{m}, {n} x 224²", method=m, n_images=n, image=small,
-               requests=len(results[m]), p50_ms=stage_breakdown(results[m])["latency"],
-               stages_ms=stage_breakdown(results[m]))
+        Detail(
+            name=f"{m}, {n} x 224²",
+            method=m,
+            n_images=n,
+            image=small,
+            requests=len(results[m]),
+            p50_ms=stage_breakdown(results[m])["latency"],
+            stages_ms=stage_breakdown(results[m]),
+        )
         for m in SMALL_METHODS
-    ]  # fmt: skip
+    ]
     ratios = [p[0] / v[0] for p, v in zip(results["perm_avg"], results["vanilla"], strict=True)]
     if large:
         got = asyncio.run(_one_by_one(url, [(p, "vanilla") for p in large[:1] + large]))[1:]
         stages = stage_breakdown(got)
-        details.append(Detail(name="vanilla, 12 x 4096²", method="vanilla", n_images=12,
-                              image="4096x4096 JPEG", requests=len(got),
-                              p50_ms=stages["latency"], stages_ms=stages))  # fmt: skip
+        details.append(
+            Detail(
+                name="vanilla, 12 x 4096²",
+                method="vanilla",
+                n_images=12,
+                image="4096x4096 JPEG",
+                requests=len(got),
+                p50_ms=stages["latency"],
+                stages_ms=stages,
+            )
+        )
     return details, float(np.median(ratios))
 
 
 def render_details(details: list[Detail]) -> str:
-    cols = ("latency", "client", "http_json", "base64", "image_decode", "process", "queue",
-            "forward", "score", "debias", "encode", "fixed")  # fmt: skip
-    head = ("| request (concurrency 1, median ms) | latency | client | HTTP+JSON | base64 "
-            "| image decode | processor | queue | forward | score | debias | encode "
-            "| fixed path |")  # fmt: skip
+    cols = (
+        "latency",
+        "client",
+        "http_json",
+        "base64",
+        "image_decode",
+        "process",
+        "queue",
+        "forward",
+        "score",
+        "debias",
+        "encode",
+        "fixed",
+    )
+    head = (
+        "| request (concurrency 1, median ms) | latency | client | HTTP+JSON | base64 "
+        "| image decode | processor | queue | forward | score | debias | encode "
+        "| fixed path |"
+    )
     lines = [head, "|:--|" + "--:|" * len(cols)]
     for d in details:
         cells = (f"{d.stages_ms[c]:.2f}" if c in d.stages_ms else "–" for c in cols)

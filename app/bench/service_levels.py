@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ENGINE_STAGES = ("forward", "score", "debias")
 
+
 @dataclass
 class LevelResult:
     """One (batching configuration, concurrency) cell of the table."""
@@ -32,6 +33,7 @@ class LevelResult:
     overhead_ratio: float  # (client latency - queue - engine) / engine
     server_ms_mean: float  # the service's own request time (lad_request_duration_seconds)
     server_overhead_ratio: float  # (server time - queue - engine) / engine: HTTP + decode
+
 
 async def _drive(
     url: str, payloads: list[dict], concurrency: int, method: str = "agd"
@@ -126,8 +128,9 @@ def summarise_level(config: str, max_batch: int, concurrency: int, chunks: list[
     )
 
 
-def measure_levels(servers: list[tuple[str, int, str]], payloads: list[dict], levels: list[int],
-                   rounds: int) -> tuple[list[LevelResult], dict[str, float]]:  # fmt: skip
+def measure_levels(
+    servers: list[tuple[str, int, str]], payloads: list[dict], levels: list[int], rounds: int
+) -> tuple[list[LevelResult], dict[str, float]]:
     """Every (server, concurrency) cell, the servers interleaved: the payloads go in
     ``rounds`` chunks (at concurrency 1: one request each), each chunk to every server in
     turn (order alternating), so that on a shared machine both configurations see the same
@@ -145,8 +148,11 @@ def measure_levels(servers: list[tuple[str, int, str]], payloads: list[dict], le
         for name, max_batch, _ in servers:
             row = summarise_level(name, max_batch, concurrency, chunks[name])
             rows.append(row)
-            print(f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
-                  f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms", flush=True)  # fmt: skip
+            print(
+                f"{name:12s} conc={concurrency:3d}  {row.requests_per_s:7.2f} req/s  "
+                f"p50={row.p50_ms:8.1f} ms  p95={row.p95_ms:8.1f} ms",
+                flush=True,
+            )
         if len(servers) == 2:
             a, b = (chunks[name] for name, _, _ in servers)
             paired[f"c{concurrency}"] = paired_ratio(a, b, p50=concurrency == 1)
@@ -163,6 +169,7 @@ def paired_ratio(a: list[Chunk], b: list[Chunk], *, p50: bool) -> float:
 
     ratios = [value(x) / value(y) for x, y in zip(a, b, strict=True) if x.results and y.results]
     return float(np.median(ratios)) if ratios else float("nan")
+
 
 def render_table(rows: list[LevelResult]) -> str:
     head = (

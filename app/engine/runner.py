@@ -181,8 +181,9 @@ class Runner:
         eligible = self.adapter.attention_layers()  # the capture is asked for no other layer
         chosen = (
             default_layers(self.num_layers, attention_layers=eligible)
-            if layers is None else tuple(layers)
-        )  # fmt: skip
+            if layers is None
+            else tuple(layers)
+        )
         if not chosen or any(int(layer) not in eligible for layer in chosen):
             every = eligible == tuple(range(self.num_layers))
             shown = f"0..{self.num_layers - 1}" if every else ", ".join(map(str, eligible))
@@ -377,7 +378,10 @@ class Runner:
         )
 
     def _capture_forward(
-        self, batch: PromptBatch, query_index: torch.Tensor | None, record: bool = True,
+        self,
+        batch: PromptBatch,
+        query_index: torch.Tensor | None,
+        record: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, list[np.ndarray]]:
         """The one prompt forward with the t_q rows of Λ captured; returns (output, a).

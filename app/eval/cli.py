@@ -65,17 +65,24 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
         for run in doc["runs"]:
             f = run["forward_passes"]
             exact = f"{f['total']}" if f["total"] is not None else f"at most {f['total_at_most']}"
-            print(f"N={run['n']} {run['setting']}: {len(run['items'])} items x "
-                  f"{run['orderings']['count']} orderings, {exact} forward passes")  # fmt: skip
+            print(
+                f"N={run['n']} {run['setting']}: {len(run['items'])} items x "
+                f"{run['orderings']['count']} orderings, {exact} forward passes"
+            )
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0
     from app.models.loader import load_runner
     from app.settings import Settings
 
     settings = Settings()  # the device map and the remote-code opt-in, as lad serve reads them
-    runner = load_runner(config.model, layers=config.layers, prompt_variant=config.prompt_variant,
-                         threads=config.threads, device_map=settings.device_map,
-                         trust_remote_code=settings.trust_remote_code)  # fmt: skip
+    runner = load_runner(
+        config.model,
+        layers=config.layers,
+        prompt_variant=config.prompt_variant,
+        threads=config.threads,
+        device_map=settings.device_map,
+        trust_remote_code=settings.trust_remote_code,
+    )
     if config.stream:
         return _stream(runner, config)
     return _evaluate(runner, config)
@@ -112,10 +119,17 @@ def _simulated(config: EvalConfig) -> int:
     """--dataset simulated: the score-level simulation's backend instead of a model."""
     from app.eval.datasets.simulated import SimulatedBackend
 
-    _refuse(config, " --dataset simulated", config.layers is not None,
-            "the simulation has no text model and fixes its own Λ (15 layers)")  # fmt: skip
-    return _evaluate(SimulatedBackend(), config,
-                     "(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)")
+    _refuse(
+        config,
+        " --dataset simulated",
+        config.layers is not None,
+        "the simulation has no text model and fixes its own Λ (15 layers)",
+    )
+    return _evaluate(
+        SimulatedBackend(),
+        config,
+        "(a SIMULATION: scores and attention drawn by app.eval.datasets.simulated)",
+    )
 
 
 def _remote(config: EvalConfig) -> int:
@@ -124,19 +138,23 @@ def _remote(config: EvalConfig) -> int:
     from lad_client import LadClient
 
     _refuse(config, " --url", config.layers is not None, "the service decides its prompt and Λ")
-    with LadClient(config.url, token=config.token, admin_token=config.admin_token,
-                   retries=5, timeout=600.0) as client:  # fmt: skip
+    with LadClient(
+        config.url, token=config.token, admin_token=config.admin_token, retries=5, timeout=600.0
+    ) as client:
         return _evaluate(RemoteBackend(client, concurrency=config.concurrency), config)
 
 
 def _print(metrics: dict[str, Any], config: EvalConfig) -> None:
     for run in metrics["runs"]:
-        print(f"\nN={run['n']} {run['setting']}: {run['items']} items x {run['orderings']} "
-              "orderings")  # fmt: skip
+        print(
+            f"\nN={run['n']} {run['setting']}: {run['items']} items x {run['orderings']} orderings"
+        )
         for name, m in run["methods"].items():
-            print(f"  {name:17s} acc {m['acc']:5.1f} [{m['acc_ci'][0]:5.1f}, "
-                  f"{m['acc_ci'][1]:5.1f}]  RStd {m['rstd']:5.1f} (floor "
-                  f"{m['rstd_noise_floor']:4.1f})  cons {m['cons']:5.1f}")  # fmt: skip
+            print(
+                f"  {name:17s} acc {m['acc']:5.1f} [{m['acc_ci'][0]:5.1f}, "
+                f"{m['acc_ci'][1]:5.1f}]  RStd {m['rstd']:5.1f} (floor "
+                f"{m['rstd_noise_floor']:4.1f})  cons {m['cons']:5.1f}"
+            )
     print(f"\n{config.out}/report.md  ({metrics['config']['wall_s']} s)")
 
 
@@ -148,21 +166,34 @@ def _stream(runner: object, config: EvalConfig) -> int:
         from app.engine.runner import Runner
 
         r: Any = runner  # the same loaded model, another prompt (as the instruction baseline)
-        drift = Runner(r.adapter, model_id=r.model_id, revision=r.revision, layers=r.layers,
-                       prompt_variant=config.drift_prompt_variant)  # fmt: skip
+        drift = Runner(
+            r.adapter,
+            model_id=r.model_id,
+            revision=r.revision,
+            layers=r.layers,
+            prompt_variant=config.drift_prompt_variant,
+        )
     setup = StreamSetup(
-        feedback_rate=config.feedback_rate, window=config.window,
-        refresh_every=config.refresh_every, min_row_count=config.min_row_count,
-        min_holdout=config.min_holdout, seed=config.ordering_seed, bootstrap=config.bootstrap,
+        feedback_rate=config.feedback_rate,
+        window=config.window,
+        refresh_every=config.refresh_every,
+        min_row_count=config.min_row_count,
+        min_holdout=config.min_holdout,
+        seed=config.ordering_seed,
+        bootstrap=config.bootstrap,
         prior=config.prior_from,
-    )  # fmt: skip
+    )
     result = run_stream(runner, config, setup, drift_runner=drift)
     s = result["summary"]
-    print(f"last {s['tail_requests']} requests: " + ", ".join(
-        f"{m} {v:.1f}" for m, v in s["acc"].items()))  # fmt: skip
+    print(
+        f"last {s['tail_requests']} requests: "
+        + ", ".join(f"{m} {v:.1f}" for m, v in s["acc"].items())
+    )
     gap, got = f"{s['gap_points']:+.1f} {s['gap_ci']}", f"{s['recovered_points']:+.1f}"
-    print(f"gap {gap}, recovered {got} {s['recovered_ci']}, share {s['recovered_share']} "
-          f"{s['recovered_share_ci']}")  # fmt: skip
+    print(
+        f"gap {gap}, recovered {got} {s['recovered_ci']}, share {s['recovered_share']} "
+        f"{s['recovered_share_ci']}"
+    )
     print(f"{config.out}/stream.md  ({result['wall_s']} s)")
     return 0
 

@@ -54,13 +54,15 @@ class EvalConfig:
     )
     cache_dir: Path = flag(Path("var/cache"), help="CLIP embedding cache")
     settings: list[str] | None = flag(
-        None, flags=("--setting",),
+        None,
+        flags=("--setting",),
         help="random / adversarial (synthetic, coco, flickr), given (jsonl); one run each "
         "(default: the dataset's first)",
     )
     ns: list[int] = flag(factory=lambda: [4], flags=("-n", "--n"), help="candidates per item")
     protocol: str = flag(
-        "ours", choices=PROTOCOLS,
+        "ours",
+        choices=PROTOCOLS,
         help="ours: balanced orderings, cyclic perm_avg; paper: the authors' settings (336 px "
         "bicubic, T = 5 shared orderings, perm_avg over 16 orders, their prompts)",
     )
@@ -84,9 +86,7 @@ class EvalConfig:
         None, help="seed of the calibration items (default: 2002 for synthetic, else 2)"
     )
     ordering_seed: int = flag(0, help="seed of the orderings")
-    calibration_setting: str | None = flag(
-        None, help="calibrate on this setting (default: same)"
-    )
+    calibration_setting: str | None = flag(None, help="calibrate on this setting (default: same)")
     calibration_dataset: str | None = flag(
         None, choices=DATASETS, help="calibrate on this dataset (default: the evaluation dataset)"
     )
@@ -100,7 +100,8 @@ class EvalConfig:
         "vanilla", choices=PROMPT_VARIANTS, help="prompt of every score method and of calibration"
     )
     layers: list[int] | None = flag(
-        None, type=parse_layers,
+        None,
+        type=parse_layers,
         help="candidate layers Λ, e.g. 2,3 or 10-13 (default: round(0.58 L) .. L-1)",
     )
     top_k: int = flag(MethodConfig.top_k, help="K, layers in L*")
@@ -140,7 +141,8 @@ class EvalConfig:
     out: Path = flag(Path("runs/eval"), help="output folder")
     progress: bool = flag(True, flags=("--quiet",), help="no progress bar")
     url: str | None = flag(
-        None, group="remote",
+        None,
+        group="remote",
         help="evaluate the service at URL (one /v1/retrieve with return_details per instance; "
         "calibrated by /v1/calibrate)",
     )
@@ -152,7 +154,8 @@ class EvalConfig:
         None, group="remote", secret=True, help="admin token for /v1/calibrate"
     )
     stream: bool = flag(
-        False, group="stream",
+        False,
+        group="stream",
         help="replay --items as traffic (first -n and --setting) with feedback and online refresh",
     )
     feedback_rate: float = flag(0.3, group="stream", help="share of requests that get feedback")
@@ -161,11 +164,15 @@ class EvalConfig:
     min_row_count: int = flag(20, group="stream", help="feedback a row of L_obs needs to be used")
     min_holdout: int = flag(20, group="stream", help="held-out feedback the guard needs")
     prior_from: str = flag(
-        "feedback", group="stream", choices=("feedback", "served"),
+        "feedback",
+        group="stream",
+        choices=("feedback", "served"),
         help="refresh's prior P: feedback or every request",
     )
     drift_prompt_variant: str | None = flag(
-        None, group="stream", choices=PROMPT_VARIANTS,
+        None,
+        group="stream",
+        choices=PROMPT_VARIANTS,
         help="calibrate the drifted start with this prompt variant (with --calibration-setting: "
         "on that setting)",
     )
@@ -173,14 +180,21 @@ class EvalConfig:
 
     def method_config(self) -> MethodConfig:
         return MethodConfig(
-            top_k=self.top_k, tau=self.tau, posterior_variant=self.posterior_variant,
-            mixture=self.mixture, sink_guard=self.sink_guard, use_prior=not self.no_prior,
+            top_k=self.top_k,
+            tau=self.tau,
+            posterior_variant=self.posterior_variant,
+            mixture=self.mixture,
+            sink_guard=self.sink_guard,
+            use_prior=not self.no_prior,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The flags for metrics.json (the tokens of --url never)."""
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()
-                if k not in SECRET_FLAGS}
+        return {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in asdict(self).items()
+            if k not in SECRET_FLAGS
+        }
 
     def protocol_spec(self) -> ProtocolSpec:
         """The protocol's settings with the flags that override them (None: keep)."""
@@ -193,8 +207,11 @@ class EvalConfig:
             base,
             cot=fill(base.cot, prompt=self.cot_prompt, max_new_tokens=self.cot_max_new_tokens),
             self_consistency=fill(
-                base.self_consistency, prompt=self.cot_prompt, samples=self.samples,
-                max_new_tokens=self.sc_max_new_tokens, temperature=self.temperature,
+                base.self_consistency,
+                prompt=self.cot_prompt,
+                samples=self.samples,
+                max_new_tokens=self.sc_max_new_tokens,
+                temperature=self.temperature,
                 top_k=self.sc_top_k,
             ),
         )

@@ -46,25 +46,37 @@ def _default_seeds(name: str) -> tuple[int, int]:
 def _datasets(runner: Any, config: EvalConfig) -> tuple[Dataset, Dataset]:
     from app.eval.datasets.synthetic import image_size_for
 
-    common = {"clip": config.clip, "cache_dir": config.cache_dir,
-              "image_size": image_size_for(runner),
-              "negatives": spec(config.protocol).negatives}  # fmt: skip
-    main = open_dataset(config.dataset, data=config.data, images=config.images,
-                        instances=config.instances, **common)  # fmt: skip
+    common = {
+        "clip": config.clip,
+        "cache_dir": config.cache_dir,
+        "image_size": image_size_for(runner),
+        "negatives": spec(config.protocol).negatives,
+    }
+    main = open_dataset(
+        config.dataset, data=config.data, images=config.images, instances=config.instances, **common
+    )
     if config.calibration_dataset is None and config.calibration_data is None:
         return main, main
     other = open_dataset(
         config.calibration_dataset or config.dataset,
-        data=config.calibration_data, images=config.calibration_images, **common,
-    )  # fmt: skip
+        data=config.calibration_data,
+        images=config.calibration_images,
+        **common,
+    )
     return main, other
 
 
 def _progress(config: EvalConfig, total: int, label: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="inst", file=sys.stderr,
-                disable=not config.progress, dynamic_ncols=True)  # fmt: skip
+    return tqdm(
+        total=total,
+        desc=label,
+        unit="inst",
+        file=sys.stderr,
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
 
 
 @dataclass
@@ -81,8 +93,9 @@ class RunPlan:
     calibration_dataset: str
 
 
-def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
-             setting: str) -> RunPlan:  # fmt: skip
+def plan_run(
+    config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int, setting: str
+) -> RunPlan:
     """Draw the items and calibration items, and fix the orderings and options of one run."""
     main, other = datasets
     eval_seed, calibration_seed = config.eval_seed, config.calibration_seed
@@ -92,8 +105,13 @@ def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
     if len(items) < config.items:
         print(f"lad eval: only {len(items)} items with N={n} in {main.name}", file=sys.stderr)
     calibration_setting = config.calibration_setting or setting
-    calibration_items = other.items(config.calibration, n, calibration_setting, calibration_seed,
-                                    exclude=frozenset(i.key for i in items))  # fmt: skip
+    calibration_items = other.items(
+        config.calibration,
+        n,
+        calibration_setting,
+        calibration_seed,
+        exclude=frozenset(i.key for i in items),
+    )
     check_disjoint(items, calibration_items)
     if len(calibration_items) < config.calibration:
         raise ValueError(f"only {len(calibration_items)} calibration items outside the eval items")
@@ -107,16 +125,23 @@ def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
     if p.perm_avg == "random":
         perm_orders = random_orders(n, p.perm_avg_orders, config.ordering_seed, PERM_AVG_STREAM)
     options = Options(
-        labels=config.labels, batch_size=config.batch_size, config=config.method_config(),
-        image_size=p.image_size, perm_orders=perm_orders, cot=p.cot,
-        self_consistency=p.self_consistency, generation_seed=config.generation_seed,
-    )  # fmt: skip
-    return RunPlan(n, setting, calibration_setting, items, calibration_items, orderings,
-                   options, other.name)  # fmt: skip
+        labels=config.labels,
+        batch_size=config.batch_size,
+        config=config.method_config(),
+        image_size=p.image_size,
+        perm_orders=perm_orders,
+        cot=p.cot,
+        self_consistency=p.self_consistency,
+        generation_seed=config.generation_seed,
+    )
+    return RunPlan(
+        n, setting, calibration_setting, items, calibration_items, orderings, options, other.name
+    )
 
 
-def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
-                 plan: RunPlan) -> tuple[Run, dict[str, Any]]:  # fmt: skip
+def evaluate_run(
+    runner: Any, config: EvalConfig, dataset: str, plan: RunPlan
+) -> tuple[Run, dict[str, Any]]:
     """One planned (n, setting): calibrate, then score every method under its orderings."""
     n, options = plan.n, plan.options
     if config.all_layers:  # ablation: L* = Λ (every candidate layer averaged)
@@ -125,8 +150,10 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
     k = None if options.perm_orders is None else len(options.perm_orders)
     total = planned_forwards(config.methods, n, instances, len(plan.calibration_items), k)
     spec_ = config.protocol_spec()
-    with _progress(config, total, f"N={n} {plan.setting}") as bar, \
-            tile_budget(runner, n, spec_.tile_cap):  # fmt: skip
+    with (
+        _progress(config, total, f"N={n} {plan.setting}") as bar,
+        tile_budget(runner, n, spec_.tile_cap),
+    ):
         calibration, evidence = calibrate(runner, plan.calibration_items, options, bar.update)
         if config.zero_bias:  # ablation: B = 0 (agd keeps π but corrects nothing)
             calibration = replace(calibration, bias_matrix=0.0 * calibration.bias_matrix)
@@ -138,9 +165,13 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
             if method in config.methods:
                 generation(runner, run, method, options, bar.update)
     evidence.update(
-        n=n, setting=plan.calibration_setting, eval_setting=plan.setting,
-        dataset=plan.calibration_dataset, layers=list(runner.layers), sink_guard=config.sink_guard,
-    )  # fmt: skip
+        n=n,
+        setting=plan.calibration_setting,
+        eval_setting=plan.setting,
+        dataset=plan.calibration_dataset,
+        layers=list(runner.layers),
+        sink_guard=config.sink_guard,
+    )
     return run, evidence
 
 
@@ -158,8 +189,12 @@ def run_evaluation(runner: Any, config: EvalConfig) -> dict[str, Any]:
     datasets = _datasets(runner, config)
     settings = config.settings or [DEFAULT_SETTINGS[config.dataset]]
     plans = [plan_run(config, datasets, n, s) for s in settings for n in config.ns]
-    write_protocol(config.out / "protocol.json", config, runner,
-                   [protocol_entry(config, runner, p) for p in plans])  # fmt: skip
+    write_protocol(
+        config.out / "protocol.json",
+        config,
+        runner,
+        [protocol_entry(config, runner, p) for p in plans],
+    )
     if config.dry_run or runner is None:
         return {"dry_run": True, "protocol": str(config.out / "protocol.json")}
     records: list[dict[str, Any]] = []
@@ -170,12 +205,15 @@ def run_evaluation(runner: Any, config: EvalConfig) -> dict[str, Any]:
         calibrations[run_key(plan.n, plan.setting)] = evidence
     write_records(config.out / "predictions.jsonl", records)
     (config.out / "calibration.json").write_text(json.dumps({"runs": calibrations}) + "\n")
-    metrics = compute_metrics(records, calibrations, samples=config.bootstrap,
-                              seed=config.bootstrap_seed)  # fmt: skip
+    metrics = compute_metrics(
+        records, calibrations, samples=config.bootstrap, seed=config.bootstrap_seed
+    )
     metrics["config"] = {
-        **config.to_dict(), "model_fingerprint": _fingerprint(runner, config),
-        "layers": list(runner.layers), "wall_s": round(time.perf_counter() - started, 1),
-    }  # fmt: skip
+        **config.to_dict(),
+        "model_fingerprint": _fingerprint(runner, config),
+        "layers": list(runner.layers),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     (config.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     figures = plots.write_plots(metrics, config.out)
     (config.out / "report.md").write_text(report.render(metrics, figures))

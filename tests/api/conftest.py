@@ -52,8 +52,13 @@ def make_client(runner: Any) -> Iterator[AppFactory]:
     """`make_client(runner=..., store=..., **settings)` -> a started TestClient (closed after)."""
     with ExitStack() as stack:
 
-        def factory(*, runner_override: Any = None, store: ProfileStore | None = None,
-                    raise_server_exceptions: bool = True, **overrides: Any) -> TestClient:
+        def factory(
+            *,
+            runner_override: Any = None,
+            store: ProfileStore | None = None,
+            raise_server_exceptions: bool = True,
+            **overrides: Any,
+        ) -> TestClient:
             values: dict[str, Any] = {"store_url": "memory://", **overrides}
             settings = Settings(_env_file=None, **values)
             if store is None and values["store_url"] == "memory://":
@@ -88,8 +93,9 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         options = {**uvicorn_options(settings), "log_level": "warning"}
         self.server = uvicorn.Server(uvicorn.Config(app, **options))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
         self.thread.start()
         import time
 

@@ -22,8 +22,9 @@ def deep_runner(shared_runner):
     return shared_runner("qwen2_5_vl", num_hidden_layers=12, capture=EAGER_HOOK_CAPTURE)
 
 
-def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_runner, items,
-                                                              calibrate_json) -> None:  # fmt: skip
+def test_layer_selection_sink_guard_and_priors_run_end_to_end(
+    make_client, deep_runner, items, calibrate_json
+) -> None:
     client = make_client(runner_override=SinkRunner(deep_runner))
     cal = client.post("/v1/calibrate", json=calibrate_json)
     assert cal.status_code == 200, cal.text
@@ -42,12 +43,12 @@ def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_
     np.testing.assert_allclose(body["posterior"], expected, atol=1e-9)
 
 
-def test_a_profile_of_the_other_capture_is_refused(make_client, deep_runner, items,
-                                                   calibrate_json, shared_runner) -> None:
+def test_a_profile_of_the_other_capture_is_refused(
+    make_client, deep_runner, items, calibrate_json, shared_runner
+) -> None:
     store = open_store("memory://")
     sdpa = shared_runner("qwen2_5_vl", num_hidden_layers=12)
-    made = make_client(runner_override=sdpa, store=store).post("/v1/calibrate",
-                                                               json=calibrate_json)  # fmt: skip
+    made = make_client(runner_override=sdpa, store=store).post("/v1/calibrate", json=calibrate_json)
     assert made.status_code == 200, made.text
     served = make_client(runner_override=deep_runner, store=store)
     answer = served.post("/v1/retrieve", json=retrieve_body(items[0]))

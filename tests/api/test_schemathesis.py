@@ -22,10 +22,15 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-CHECKS = ",".join([
-    "not_a_server_error", "status_code_conformance", "content_type_conformance",
-    "response_schema_conformance", "response_headers_conformance",
-])  # fmt: skip
+CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "response_headers_conformance",
+    ]
+)
 MAX_EXAMPLES = int(os.environ.get("LAD_TEST_SCHEMATHESIS_EXAMPLES", "25"))
 OPERATIONS = 12  # every route of the document (+ feedback, refresh, rerank)
 HANG_GUARD_S = 900
@@ -52,13 +57,27 @@ def _operations_run(report_dir: Path) -> set[str]:
 def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(live_server, tmp_path):
     server = live_server()
     command = [
-        *_schemathesis(), "run", f"{server.url}/openapi.json", "--checks", CHECKS,
-        "--max-examples", str(MAX_EXAMPLES), "--seed", "20240610",
-        "--workers", "1", "--request-timeout", "30", "--report", "junit",
-        "--report-dir", str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          cwd=tmp_path)
+        *_schemathesis(),
+        "run",
+        f"{server.url}/openapi.json",
+        "--checks",
+        CHECKS,
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        "20240610",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=tmp_path
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     generated = re.search(r"(\d+) generated, (\d+) passed", output)

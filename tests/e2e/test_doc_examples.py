@@ -34,8 +34,13 @@ def test_page_examples_run_as_written(page: Path, tmp_path: Path) -> None:
     with LiveService(tmp_path, env=env) as live:
         shell_env = {k: v for k, v in os.environ.items() if not k.startswith("LAD_")}
         done = subprocess.run(
-            ["bash", "-c", script(page, live.url, sys.executable)], cwd=ROOT, env=shell_env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+            ["bash", "-c", script(page, live.url, sys.executable)],
+            cwd=ROOT,
+            env=shell_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=900,
         )
     got = outputs(done.stdout)
     blocks = runnable(page)

@@ -30,11 +30,13 @@ def test_async_client_sends_concurrent_requests(live):
                 await lad.retrieve(items[0].query, items[0].images, profile="async")
             except LadError as exc:
                 assert exc.code == "calibration_required" and exc.request_id
-            done = await lad.calibrate([(i.query, i.images, i.target) for i in calibration],
-                                       profile="async")
+            done = await lad.calibrate(
+                [(i.query, i.images, i.target) for i in calibration], profile="async"
+            )
             assert done.n == 3 and done.profile == "async"
-            return await asyncio.gather(*(
-                lad.retrieve(i.query, i.images, profile="async") for i in items))
+            return await asyncio.gather(
+                *(lad.retrieve(i.query, i.images, profile="async") for i in items)
+            )
 
     answers = asyncio.run(run())
     assert len(answers) == 8

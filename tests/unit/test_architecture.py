@@ -51,10 +51,15 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    packages = [(ROOT, "app"), (ROOT, "calibration_store"), (ROOT, "tools"),
-                (SOURCE_ROOTS[1], "lad_client")]
+    packages = [
+        (ROOT, "app"),
+        (ROOT, "calibration_store"),
+        (ROOT, "tools"),
+        (SOURCE_ROOTS[1], "lad_client"),
+    ]
     return {
-        _module_name(f, root): f for root, package in packages
+        _module_name(f, root): f
+        for root, package in packages
         for f in root.glob(f"{package}/**/*.py")
     }
 
@@ -149,6 +154,10 @@ def test_lad_client_imports_nothing_of_the_service() -> None:
         "loaded = sorted(m for m in heavy if m in sys.modules)\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "clients" / "python",
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "clients" / "python",
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr

@@ -83,14 +83,18 @@ def test_example_images_exist_and_are_current() -> None:
 def test_a_page_becomes_one_script_and_its_output_splits_per_block(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "intro\n\n```bash\nB=http://127.0.0.1:8000\necho \"$B\"\n```\n"
+        'intro\n\n```bash\nB=http://127.0.0.1:8000\necho "$B"\n```\n'
         "<!-- expect: ^http://x:1$ -->\n\n<!-- no-run -->\n```bash\nexit 1\n```\n\n"
         "```python\nprint(6 * 7)\n```\n<!-- expect: ^42$ -->\n<!-- expect: 4 -->\n"
         "```json\n{}\n```\n"
     )
     found = blocks(page)
     assert [(b.language, b.runs) for b in found] == [
-        ("bash", True), ("bash", False), ("python", True), ("json", False)]
+        ("bash", True),
+        ("bash", False),
+        ("python", True),
+        ("json", False),
+    ]
     assert found[2].expects == ["^42$", "4"]
     text = script(page, "http://x:1", sys.executable)
     assert "exit 1" not in text and "http://127.0.0.1:8000" not in text

@@ -122,10 +122,15 @@ def service_block(record: dict[str, Any]) -> str:
 
 def partial_gpu_block(record: dict[str, Any]) -> str:
     """A GPU run whose steps ran out of time: what each step printed before it stopped."""
-    out = [f"{record['device']}: {record['note']}", "",
-           "| step | exit | seconds (limit) |", "|:--|--:|--:|"]  # fmt: skip
-    out += [f"| {s['step']} | {s['exit']} | {s['seconds']} ({s['limit_s']}) |"
-            for s in record["steps"]]  # fmt: skip
+    out = [
+        f"{record['device']}: {record['note']}",
+        "",
+        "| step | exit | seconds (limit) |",
+        "|:--|--:|--:|",
+    ]
+    out += [
+        f"| {s['step']} | {s['exit']} | {s['seconds']} ({s['limit_s']}) |" for s in record["steps"]
+    ]
     out += ["", "| check | model | dtype | tokens | max abs diff (atol) |", "|:--|:--|:--|--:|--:|"]
     out += [
         f"| captured vs eager | {c['model']} | {c['dtype']} | {c['prompt_tokens']} | "
@@ -144,13 +149,20 @@ def partial_gpu_block(record: dict[str, Any]) -> str:
             got = {v: by.get((tokens, n, v)) for v in ("sdpa", "agd", "eager")}
             ms = [f"{c['median_ms']:.1f}" if c else "–" for c in got.values()]
             mib = [f"{c['peak_mib']:.1f}" if c else "–" for c in got.values()]
-            ratio = (f"{got['agd']['median_ms'] / got['sdpa']['median_ms']:.3f}"
-                     if got["agd"] and got["sdpa"] else "–")  # fmt: skip
-            out.append(f"| {name} | {n} | {tokens} | {' | '.join(ms)} | {ratio} | "
-                       f"{' | '.join(mib)} |")  # fmt: skip
+            ratio = (
+                f"{got['agd']['median_ms'] / got['sdpa']['median_ms']:.3f}"
+                if got["agd"] and got["sdpa"]
+                else "–"
+            )
+            out.append(
+                f"| {name} | {n} | {tokens} | {' | '.join(ms)} | {ratio} | {' | '.join(mib)} |"
+            )
     if record.get("service_levels"):
-        out += ["", "| service (demo, CUDA) | conc. | req/s | p50 ms | p95 ms |",
-                "|:--|--:|--:|--:|--:|"]  # fmt: skip
+        out += [
+            "",
+            "| service (demo, CUDA) | conc. | req/s | p50 ms | p95 ms |",
+            "|:--|--:|--:|--:|--:|",
+        ]
         out += [
             f"| {s['config']} | {s['concurrency']} | {s['requests_per_s']:.1f} | "
             f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} |"
@@ -168,12 +180,17 @@ def gpu_block(folder: Path) -> str | None:
     for path in files:
         record = json.loads(path.read_text())
         if "checks" in record:
-            out += [f"**{path.name}**: captured vs eager attention on {record['device']}", "",
-                    "| model | dtype | tokens | max abs diff | atol | ok |",
-                    "|:--|:--|--:|--:|--:|:--|"]  # fmt: skip
-            out += [f"| {c['model']} | {c['dtype']} | {c['prompt_tokens']} | "
-                    f"{c['max_abs_diff']:.2e} | {c['atol']:.0e} | {c['ok']} |"
-                    for c in record["checks"]]  # fmt: skip
+            out += [
+                f"**{path.name}**: captured vs eager attention on {record['device']}",
+                "",
+                "| model | dtype | tokens | max abs diff | atol | ok |",
+                "|:--|:--|--:|--:|--:|:--|",
+            ]
+            out += [
+                f"| {c['model']} | {c['dtype']} | {c['prompt_tokens']} | "
+                f"{c['max_abs_diff']:.2e} | {c['atol']:.0e} | {c['ok']} |"
+                for c in record["checks"]
+            ]
         elif "engine_cells" in record:
             out += [partial_gpu_block(record)]
         elif "cells" in record:
@@ -238,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     text = PAGE.read_text()
     updated, missing = rewrite(text, generated)
     for name in missing:
-        print(f"block {name!r}: no record or no markers in {PAGE.name}; left as it is",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"block {name!r}: no record or no markers in {PAGE.name}; left as it is",
+            file=sys.stderr,
+        )
     return sync(updated, check=args.check, command=COMMAND, page=PAGE)
 
 

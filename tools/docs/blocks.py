@@ -37,8 +37,11 @@ def sync(updated: str, *, check: bool, command: str, page: Path) -> int:
     """``--check``: exit status 1 when ``page`` differs from ``updated``; else write it."""
     if check:
         if page.read_text() != updated:
-            print(f"{page.relative_to(ROOT) if ROOT in page.parents else page} is stale: "
-                  f"run `{command}`", file=sys.stderr)  # fmt: skip
+            print(
+                f"{page.relative_to(ROOT) if ROOT in page.parents else page} is stale: "
+                f"run `{command}`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     page.write_text(updated)
@@ -49,15 +52,22 @@ def sync(updated: str, *, check: bool, command: str, page: Path) -> int:
 def add_flags(parser: argparse.ArgumentParser, page: Path) -> None:
     """The two flags every generator shares."""
     name = page.name
-    parser.add_argument("--write", action="store_true",
-                        help=f"update {name} in place (default: print the block)")  # fmt: skip
+    parser.add_argument(
+        "--write", action="store_true", help=f"update {name} in place (default: print the block)"
+    )
     parser.add_argument("--check", action="store_true", help=f"exit 1 if {name} is stale")
 
 
 def block_command(
-    argv: list[str] | None, *, prog: str, description: str | None, start: str, end: str,
-    generate: Callable[[], str], page: Path,
-) -> int:  # fmt: skip
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str | None,
+    start: str,
+    end: str,
+    generate: Callable[[], str],
+    page: Path,
+) -> int:
     """A generator command for one block: print it, ``--write`` it between the markers of
     ``page``, or ``--check`` that ``page`` holds it."""
     parser = command_parser(prog=prog, description=description)

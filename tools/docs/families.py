@@ -67,9 +67,14 @@ def undocumented() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     return block_command(
-        argv, prog="python -m tools.docs families", description=__doc__, start=START, end=END,
-        generate=table, page=PAGE,
-    )  # fmt: skip
+        argv,
+        prog="python -m tools.docs families",
+        description=__doc__,
+        start=START,
+        end=END,
+        generate=table,
+        page=PAGE,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("read_timeout_s", "408 `request_timeout`, connection closed"),
     ("header_timeout_s", "connection closed"),
     ("keep_alive_s", "idle connection closed"),
-    ("max_connections", "the longest-idle connection is closed, else the oldest upload "
-     "(499), else the new one"),
+    (
+        "max_connections",
+        "the longest-idle connection is closed, else the oldest upload (499), else the new one",
+    ),
     ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),
@@ -47,20 +49,38 @@ LIMITS: tuple[tuple[str, str], ...] = (
 """(setting, what the client gets past it), in the order the page lists them."""
 
 FIXED: tuple[tuple[str, str, str], ...] = (
-    ("body of every other route", f"{SMALL_BODY_BYTES} bytes",
-     "413 `payload_too_large`, connection closed"),
-    ("request line + headers", f"{MAX_HEAD_BYTES} bytes",
-     "431 `headers_too_large`, connection closed"),
-    ("Content-Length and Transfer-Encoding together", "refused",
-     "400 `bad_request`, connection closed"),
+    (
+        "body of every other route",
+        f"{SMALL_BODY_BYTES} bytes",
+        "413 `payload_too_large`, connection closed",
+    ),
+    (
+        "request line + headers",
+        f"{MAX_HEAD_BYTES} bytes",
+        "431 `headers_too_large`, connection closed",
+    ),
+    (
+        "Content-Length and Transfer-Encoding together",
+        "refused",
+        "400 `bad_request`, connection closed",
+    ),
     ("N (images per request, any setting)", f"2 .. {MAX_N}", "422 `invalid_request`"),
     ("calibration examples M", f"1 .. {MAX_CALIBRATION_EXAMPLES}", "422 `invalid_request`"),
-    ("multipart parts", "LAD_MAX_IMAGES files + 5 fields", "422 `too_many_images` / "
-     "`invalid_request`"),
-    ("special tokens of the model in query or labels", "refused",
-     "422 `invalid_query` / `invalid_labels`"),
-    ("prompt tokens (images and the longest label included)", "the model's context "
-     "(`max_position_embeddings`)", "422 `prompt_too_long` before any forward pass"),
+    (
+        "multipart parts",
+        "LAD_MAX_IMAGES files + 5 fields",
+        "422 `too_many_images` / `invalid_request`",
+    ),
+    (
+        "special tokens of the model in query or labels",
+        "refused",
+        "422 `invalid_query` / `invalid_labels`",
+    ),
+    (
+        "prompt tokens (images and the longest label included)",
+        "the model's context (`max_position_embeddings`)",
+        "422 `prompt_too_long` before any forward pass",
+    ),
 )
 
 
@@ -78,8 +98,9 @@ def tables() -> str:
     lines = ["| Limit | Setting | Default | Past it |", "|:--|:--|--:|:--|"]
     for name, answer in LIMITS:
         field = Settings.model_fields[name]
-        lines.append(f"| {field.description} | `LAD_{name.upper()}` | `{_default(name)}` | "
-                     f"{answer} |")  # fmt: skip
+        lines.append(
+            f"| {field.description} | `LAD_{name.upper()}` | `{_default(name)}` | {answer} |"
+        )
     for what, value, answer in FIXED:
         lines.append(f"| {what} | fixed | {value} | {answer} |")
     lines += ["", "| Status | Code | Meaning |", "|--:|:--|:--|"]
@@ -95,9 +116,14 @@ def page_block(text: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     return block_command(
-        argv, prog="python -m tools.docs limits", description=__doc__, start=START, end=END,
-        generate=tables, page=PAGE,
-    )  # fmt: skip
+        argv,
+        prog="python -m tools.docs limits",
+        description=__doc__,
+        start=START,
+        end=END,
+        generate=tables,
+        page=PAGE,
+    )
 
 
 if __name__ == "__main__":

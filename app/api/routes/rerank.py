@@ -26,7 +26,11 @@ documents by the round they reached, then by their probability in their last win
 async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -> RerankResponse:
     options: RerankOptions
     options, query, documents = await read_query_body(
-        request, settings, json_model=RerankRequest, options_model=RerankOptions,
-        files_field="documents", max_files=settings.max_rerank_candidates,
-    )  # fmt: skip
+        request,
+        settings,
+        json_model=RerankRequest,
+        options_model=RerankOptions,
+        files_field="documents",
+        max_files=settings.max_rerank_candidates,
+    )
     return await service.rerank(options, query, documents)

@@ -61,8 +61,9 @@ def test_scores_with_the_label_head_equal_the_reference(runner, n: int) -> None:
         result.scores[0], brute_force_scores(runner, item, labels), atol=1e-5, rtol=0
     )
     digits = {runner.adapter.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
-    first = {runner.adapter.tokenizer.convert_tokens_to_ids(str(d)) for d in range(1, n + 1)
-             if d < 10}  # fmt: skip
+    first = {
+        runner.adapter.tokenizer.convert_tokens_to_ids(str(d)) for d in range(1, n + 1) if d < 10
+    }
     eos = int(runner.adapter.end_token_id())
     # the root's children, then "1"'s: "0", "1", "2" and the end of "1"
     expected = first if n < 10 else digits | {eos}

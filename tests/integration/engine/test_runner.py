@@ -195,8 +195,10 @@ def test_roman_numerals_use_cached_steps(runner: Runner) -> None:
 def test_image_spans_hold_each_image(runner: Runner) -> None:
     batch = runner.process(_items())
     tok = runner.adapter.tokenizer
-    start, end, pad = (tok.convert_tokens_to_ids(t) for t in
-                       ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))  # fmt: skip
+    start, end, pad = (
+        tok.convert_tokens_to_ids(t)
+        for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+    )
     merge = runner.processor.image_processor.merge_size
     grids = iter(batch.inputs["image_grid_thw"].tolist())
     for row, n in enumerate(batch.n_images):

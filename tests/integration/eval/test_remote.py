@@ -22,8 +22,17 @@ METHODS = ["vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg"]
 
 
 def _config(out) -> EvalConfig:
-    return EvalConfig(out=out, ns=[3], items=4, orderings=3, calibration=2, progress=False,
-                      bootstrap=200, methods=METHODS, settings=["adversarial"])  # fmt: skip
+    return EvalConfig(
+        out=out,
+        ns=[3],
+        items=4,
+        orderings=3,
+        calibration=2,
+        progress=False,
+        bootstrap=200,
+        methods=METHODS,
+        settings=["adversarial"],
+    )
 
 
 @pytest.mark.slow
@@ -46,8 +55,9 @@ def test_url_equals_in_process_on_the_same_seeds(tmp_path, shared_runner) -> Non
     cal = json.loads((tmp_path / "remote" / "calibration.json").read_text())["runs"]
     service = cal["adversarial_n3"]["service"]  # the service's own /v1/calibrate
     mine = json.loads((tmp_path / "local" / "metrics.json").read_text())["runs"][0]
-    np.testing.assert_allclose(service["bias_matrix"], mine["calibration"]["bias_matrix"],
-                               atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        service["bias_matrix"], mine["calibration"]["bias_matrix"], atol=1e-4
+    )
     ours = json.loads((tmp_path / "local" / "metrics.json").read_text())["runs"][0]["methods"]
     theirs = json.loads((tmp_path / "remote" / "metrics.json").read_text())["runs"][0]["methods"]
     for m in METHODS:

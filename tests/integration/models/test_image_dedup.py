@@ -64,8 +64,9 @@ def test_skipping_the_processor_resize_changes_no_pixel(shared_runner) -> None:
     assert "do_resize" not in adapter.processor_kwargs(images + odd)  # not at its size
     prompt = runner.prompts([RetrievalItem("a dog", images)], "digits")
     call = {"text": list(prompt), "images": images, "return_tensors": "pt"}
-    fast, full = adapter.processor(**call, **adapter.processor_kwargs(images)), adapter.processor(
-        **call
+    fast, full = (
+        adapter.processor(**call, **adapter.processor_kwargs(images)),
+        adapter.processor(**call),
     )
     for key, value in full.items():
         assert torch.equal(value, fast[key]), key

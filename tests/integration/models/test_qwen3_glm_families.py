@@ -164,8 +164,22 @@ def test_labels_that_branch_score_through_cached_steps_as_teacher_forcing(
 
 def test_lad_bench_attention_finds_captured_equal_to_eager(family: str, tmp_path: Path) -> None:
     out = tmp_path / "attention.json"
-    code = lad(["bench", "attention", "--models", f"tiny-{family}", "--dtypes", "float32",
-                "--n", "3", "--side", "64", "--out", str(out)])  # fmt: skip
+    code = lad(
+        [
+            "bench",
+            "attention",
+            "--models",
+            f"tiny-{family}",
+            "--dtypes",
+            "float32",
+            "--n",
+            "3",
+            "--side",
+            "64",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     (check,) = json.loads(out.read_text())["checks"]
     assert check["model"] == f"tiny-{family}" and check["ok"]

@@ -33,8 +33,9 @@ def _rows(adapter, seed: int) -> list[list]:
 def test_direct_inputs_equal_the_processor(family: str, labels: str) -> None:
     runner = tiny_runner(family, image_pixels=112)
     runner.adapter.processor.image_processor.size = {
-        "shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 40,
-    }  # fmt: skip
+        "shortest_edge": 56 * 56,
+        "longest_edge": 28 * 28 * 40,
+    }
     rows = _rows(runner.adapter, seed=3)
     items = [RetrievalItem("a red square", row) for row in rows]
     prompts = runner.prompts(items, labels)

@@ -50,12 +50,39 @@ def test_list_defaults_are_fresh_per_parse() -> None:
 
 
 def test_values_convert_to_the_field_type() -> None:
-    c = cli.config_from([
-        "-n", "3", "5", "--data", "x.jsonl", "--tau", "2.5", "--layers", "2-4",
-        "--setting", "random", "adversarial", "--item-seeds", "1", "2", "--no-sink-guard",
-        "--quiet", "--zero-bias", "--threads", "2", "--methods", "vanilla", "agd",
-        "--url", "http://h:1", "--token", "t", "--feedback-rate", "0.5",
-    ])  # fmt: skip
+    c = cli.config_from(
+        [
+            "-n",
+            "3",
+            "5",
+            "--data",
+            "x.jsonl",
+            "--tau",
+            "2.5",
+            "--layers",
+            "2-4",
+            "--setting",
+            "random",
+            "adversarial",
+            "--item-seeds",
+            "1",
+            "2",
+            "--no-sink-guard",
+            "--quiet",
+            "--zero-bias",
+            "--threads",
+            "2",
+            "--methods",
+            "vanilla",
+            "agd",
+            "--url",
+            "http://h:1",
+            "--token",
+            "t",
+            "--feedback-rate",
+            "0.5",
+        ]
+    )
     assert c.ns == [3, 5] and c.data == Path("x.jsonl") and c.tau == 2.5
     assert c.layers == [2, 3, 4] and c.settings == ["random", "adversarial"]
     assert c.item_seeds == [1, 2] and c.threads == 2 and c.methods == ["vanilla", "agd"]

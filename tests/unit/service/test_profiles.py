@@ -47,10 +47,14 @@ def runner(shared_runner: Any) -> Any:
 def _profile(service: ProfileService, layers: list[int], seed: int = 0, n: int = 3) -> Profile:
     rng = np.random.default_rng(seed)
     return Profile.create(
-        name="default", fingerprint=service.fingerprint("digits", n), layers=layers,
-        bias_matrix=rng.normal(size=(n, n)), attention_prior=rng.random((len(layers), n)),
-        num_examples=5, num_forward_passes=5 * n,
-    )  # fmt: skip
+        name="default",
+        fingerprint=service.fingerprint("digits", n),
+        layers=layers,
+        bias_matrix=rng.normal(size=(n, n)),
+        attention_prior=rng.random((len(layers), n)),
+        num_examples=5,
+        num_forward_passes=5 * n,
+    )
 
 
 def test_operations_run_off_the_event_loop_and_answer_in_schemas(runner: Any) -> None:
