@@ -25,7 +25,8 @@ from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
-from app.metrics import Metrics, RequestMetricsMiddleware
+from app.metrics import Metrics
+from app.request_metrics import RequestMetricsMiddleware
 from app.service import Service
 from app.settings import Settings
 from calibration_store import OnlineStore, ProfileStore, open_online_store, open_store

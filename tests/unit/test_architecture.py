@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.decode",
         "app.image_headers",
         "app.metrics",
+        "app.request_metrics",
         "app.collectors",
         "app.logs",
         "app.demo",
