@@ -35,7 +35,7 @@ def path_without_nvidia_smi(extra: Path | None = None) -> str:
 
 def plan(*args: str, path: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAD_")}
-    clean.update(PATH=path, LAD_PYTHON=sys.executable, **env)
+    clean.update({"PATH": path, "LAD_PYTHON": sys.executable, **env})
     return subprocess.run(["bash", str(DEV), "--print-plan", *args], env=clean,
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
 
