@@ -76,6 +76,14 @@ def test_nvidia_smi_without_a_working_driver_still_gets_the_cpu_build(tmp_path: 
     assert "+cpu" in torch_step(got["plan"])
 
 
+def test_off_linux_the_cpu_build_is_pypi_s_own_wheel(tmp_path: Path) -> None:
+    stand_in(tmp_path, "uname", "echo Darwin")
+    got = lines(plan("test", path=path_without_nvidia_smi(tmp_path)))
+    assert got["torch"] == "cpu (nvidia-smi not found)"
+    step = torch_step(got["plan"])
+    assert step.endswith("install --quiet torch==2.13.0") and "index" not in step
+
+
 def test_lad_torch_overrides_the_detection() -> None:
     got = lines(plan("test", path=path_without_nvidia_smi(), LAD_TORCH="cuda"))
     assert got["torch"] == "cuda (LAD_TORCH)"
