@@ -5,7 +5,12 @@
 # The CUDA build is PyPI's torch wheel, which brings its own CUDA runtime libraries; the
 # host needs only the NVIDIA driver and the container toolkit (`--gpus all`, or a GPU
 # resource in Kubernetes). Run as: docker run -p 8000:8000 -e LAD_ADMIN_TOKEN=... IMAGE
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The base image pinned by digest: the multi-platform index of the exact patch tag, as the
+# Docker Official Images record it (docker-library/repo-info, repos/python/remote/
+# 3.11-slim-bookworm.md: Python 3.11.16, built 2026-08-25). To move to a newer one:
+#   docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'
+# and set both the tag's patch version (its PYTHON_VERSION) and the digest here.
+ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b
 
 # --- stage 1: the lad-serve wheel (sources never reach the runtime image) ---------------
 FROM ${PYTHON_IMAGE} AS wheel
@@ -49,7 +54,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     LAD_PORT=8000 \
     LAD_STORE_URL=/srv/lad/var/profiles
 
-# torch first, in its own layer: it is the largest and changes least.
+# Every dependency but torch from the lock file, hash-checked and without resolving
+# (scripts/lock writes it; it holds torch's own dependencies too, so the torch install
+# below adds only torch and, for CUDA, the CUDA libraries that torch pins exactly).
+RUN --mount=type=bind,source=requirements/serve.txt,target=/tmp/requirements/serve.txt \
+    pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements/serve.txt
+
+# torch apart from the lock: its build differs between the variants.
 RUN case "${TORCH_VARIANT}" in \
       cuda) pip install --no-cache-dir "torch==${TORCH_VERSION}" ;; \
       cpu) pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_CPU_INDEX_URL}" ;; \
@@ -57,14 +68,15 @@ RUN case "${TORCH_VARIANT}" in \
     esac
 
 # The service from the wheel of stage 1 (bind-mounted: BuildKit, the default builder),
-# its dependencies at the ranges pyproject.toml declares; torch is already satisfied, so
-# pip keeps the variant installed above. DL3013 (pin pip versions) is ignored because the
-# argument is a local wheel file, not a registry name to pin.
+# without resolving: its dependencies are all in place, which `pip check` confirms.
+# DL3013 (pin pip versions) is ignored because the argument is a local wheel file, not
+# a registry name to pin.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     set -- /wheels/lad_serve-*.whl \
-    && pip install --no-cache-dir "$1[redis]" \
-    && python -c "import torch, app.main; print('torch', torch.__version__)"
+    && pip install --no-cache-dir --no-deps "$1" \
+    && pip check \
+    && python -c "import torch, redis, app.main; print('torch', torch.__version__)"
 
 WORKDIR /srv/lad
 # Numeric user and group, so that Kubernetes' runAsNonRoot can verify them.

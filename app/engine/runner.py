@@ -43,6 +43,7 @@ from app.engine.attention import (
 )
 from app.engine.head import install_label_head, label_head
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
+from app.engine.kv_cache import cache_argument, cache_entry
 from app.engine.labels import LabelSpec, resolve_labels, scheme_name
 from app.engine.prompts import prompt_hash, prompt_text
 from app.engine.trie import LabelTrie, StepFn, score_label_tries
@@ -420,12 +421,13 @@ class Runner:
         out, attention = self._capture_forward(
             batch, None, record, use_cache=needs_steps, logits_to_keep=1
         )
-        return out.logits, attention, out.past_key_values if needs_steps else None
+        return out.logits, attention, cache_entry(out) if needs_steps else None
 
     def _cached_step(self, batch: PromptBatch, cache: DynamicCache | None) -> StepFn:
         """``step`` of the fallback path: label tokens on top of the prompt's KV cache."""
         last = self.adapter.last_positions(batch)
         mask = batch.attention_mask
+        cache_name = cache_argument(self.model.forward)
 
         def step(rows: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
             if cache is None:
@@ -440,9 +442,9 @@ class Runner:
                 position_ids=self.adapter.decode_position_ids(
                     last.index_select(0, rows.to(last.device)), depth
                 ),
-                past_key_values=_select_cache_rows(cache, rows),
                 use_cache=True,
                 logits_to_keep=1,
+                **{cache_name: _select_cache_rows(cache, rows)},
             )
             return step_out.logits[:, -1, :]
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from app.engine.kv_cache import cache_argument
 from app.testing.tiny_models import build_tiny
 
 MODEL_TYPE = "llavaonevision1_5"
@@ -61,11 +62,13 @@ class StandInForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
             start = past_key_values.get_seq_length() if past_key_values is not None else 0
             length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
             position_ids = torch.arange(start, start + length).unsqueeze(0)
-        return super().forward(
+        # the parent by the cache name its transformers version defines (5.24: ``cache``)
+        parent = super().forward
+        return parent(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            **{cache_argument(parent): past_key_values},
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,

@@ -1,8 +1,9 @@
 """The Dockerfile and its build context, checked without a Docker engine.
 
-hadolint lints it; the rest reads what a build would do: the torch variant switch, PID 1
-in exec form, a numeric user, the writable store directory, and a build context
-(.dockerignore) that holds everything stage 1 needs to build the wheel.
+hadolint lints it; the rest reads what a build would do: a base image pinned by digest,
+dependencies from the hash-checked lock file, the torch variant switch, PID 1 in exec
+form, a numeric user, the writable store directory, and a build context (.dockerignore)
+that holds everything stage 1 needs to build the wheel and the runtime stage its lock.
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ def test_every_hadolint_ignore_is_justified_by_a_comment() -> None:
             rule = line.split("=", 1)[1].strip()
             above = " ".join(lines[max(0, i - 4) : i])
             assert rule in above, f"line {i + 1}: ignore of {rule} without a reason above it"
+
+
+def test_base_image_is_an_exact_python_3_11_patch_release_pinned_by_digest() -> None:
+    images = [a.split("=", 1)[1] for a in instructions("ARG") if a.startswith("PYTHON_IMAGE=")]
+    assert images and re.fullmatch(
+        r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", images[0]
+    ), images
+    assert all(f.split()[0] == "${PYTHON_IMAGE}" for f in instructions("FROM"))
+
+
+def test_dependencies_come_from_the_lock_file_hash_checked_before_torch_and_the_wheel() -> None:
+    runs = instructions("RUN")
+    (lock,) = [i for i, r in enumerate(runs) if "requirements/serve.txt" in r]
+    (torch,) = [i for i, r in enumerate(runs) if "TORCH_VARIANT" in r]
+    (wheel,) = [i for i, r in enumerate(runs) if "lad_serve-" in r]
+    assert lock < torch < wheel
+    assert "--require-hashes --no-deps -r /tmp/requirements/serve.txt" in runs[lock]
+    assert "source=requirements/serve.txt" in runs[lock]
+    assert '--no-deps "$1"' in runs[wheel] and "pip check" in runs[wheel]
+    assert "[" not in runs[wheel].split("pip install", 1)[1].split("&&")[0]  # no extras resolved
 
 
 def test_torch_variant_is_cuda_by_default_and_cpu_by_argument() -> None:
@@ -108,13 +129,23 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
                 (context / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / rel, context / rel)
     top = {p.name for p in context.iterdir()}
-    assert top == {"pyproject.toml", "README.md", "app", "calibration_store", "clients"}, top
+    assert top == {
+        "pyproject.toml",
+        "README.md",
+        "app",
+        "calibration_store",
+        "clients",
+        "requirements",
+    }, top
     assert {p.name for p in (context / "clients" / "python").iterdir()} == {"lad_client"}
+    assert [p.name for p in (context / "requirements").iterdir()] == ["serve.txt"]
     assert not list(context.rglob("__pycache__"))
     for copy in instructions("COPY"):
         if "--from" not in copy:
             for source in copy.split()[:-1]:
                 assert (context / source).exists(), f"COPY {source}: not in the build context"
+    for source in re.findall(r"--mount=type=bind,source=([^,\s]+)", " ".join(instructions("RUN"))):
+        assert (context / source).exists(), f"bind mount {source}: not in the build context"
     # Stage 1 of the Dockerfile, on exactly that context.
     run(
         [

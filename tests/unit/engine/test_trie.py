@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from app.engine.kv_cache import cache_argument
 from app.engine.labels import resolve_labels
 from app.engine.trie import LabelTrie, StepFn, label_token_sequences, score_label_tries
 
@@ -150,12 +151,13 @@ def cached_scores(
     """One prompt forward, then ``score_label_tries`` with a KV-cache ``step``."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
+    name = cache_argument(model.forward)  # the name this transformers version defines
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
         use_cache=True,
+        **{name: cache},
         logits_to_keep=1,
     )
     lengths = attention_mask.sum(-1)  # next position id of every row
@@ -179,8 +181,8 @@ def cached_scores(
             input_ids=paths,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=sub,
             use_cache=True,
+            **{name: sub},
             logits_to_keep=1,
         )
         return step_out.logits[:, -1]
