@@ -23,6 +23,7 @@ from lad_client.routes import BY_NAME
 from lad_client.types import (
     CalibrateResponse,
     FeedbackResponse,
+    ModelList,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
@@ -92,12 +93,20 @@ class LadClient:
 
     def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
                method: str = "agd", profile: str = "default", window: int | None = None,
-               seed: int | None = None, request_id: str | None = None,
+               seed: int | None = None, model: str | None = None,
+               return_documents: bool = False, request_id: str | None = None,
                ) -> RerankResponse:  # fmt: skip
-        """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score),
-        best first; ``.meta`` says the windows, the seed and the forward passes spent."""
-        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score,
+        with ``return_documents`` the document as sent), best first; ``.usage`` and
+        ``.meta`` say the windows, the seed and the forward passes spent. ``model``, when
+        given, must be the served id (``models()``)."""
+        options = {"method": method, "profile": profile, "window": window, "seed": seed,
+                   "model": model, "return_documents": return_documents or None}  # fmt: skip
         return self._send(self._api.rerank(query, images, top_n, options), request_id)
+
+    def models(self) -> ModelList:
+        """The served model (OpenAI's list shape): ``.data[0].id``."""
+        return self._send(self._api.models())
 
     def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
                   labels: str | Sequence[str] = "digits",
@@ -190,10 +199,15 @@ class AsyncLadClient:
 
     async def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
                      method: str = "agd", profile: str = "default", window: int | None = None,
-                     seed: int | None = None, request_id: str | None = None,
+                     seed: int | None = None, model: str | None = None,
+                     return_documents: bool = False, request_id: str | None = None,
                      ) -> RerankResponse:  # fmt: skip
-        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        options = {"method": method, "profile": profile, "window": window, "seed": seed,
+                   "model": model, "return_documents": return_documents or None}  # fmt: skip
         return await self._send(self._api.rerank(query, images, top_n, options), request_id)
+
+    async def models(self) -> ModelList:
+        return await self._send(self._api.models())
 
     async def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
                         labels: str | Sequence[str] = "digits",
