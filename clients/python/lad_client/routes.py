@@ -108,7 +108,7 @@ ROUTES: tuple[Route, ...] = (
           auth="admin", content_types=(JSON,), request="CalibrateRequest",
           body_limit="max_calibrate_body_bytes", audit="calibrate"),
     Route("list_models", "GET", "/v1/models",
-          "The served model, in OpenAI's list shape", "ModelList", _codes(ANY, ("not_ready",))),
+          "The served model, in OpenAI's list shape", "ModelList", MODEL),
     Route("list_profiles", "GET", "/v1/profiles", "Every profile of the running model",
           "ProfileList", _codes(MODEL, ("store_unavailable",))),
     Route("get_profile", "GET", "/v1/profiles/{name}",

@@ -29,7 +29,7 @@ class ImageUrlPart(Strict):
     """An OpenAI / vLLM content part holding one image."""
 
     type: Literal["image_url"] = Field(description='"image_url" (text parts are not scored)')
-    image_url: ImageUrl
+    image_url: ImageUrl = Field(description="the image, as its `url`")
 
 
 class JinaImageDocument(Strict):
@@ -41,7 +41,9 @@ class JinaImageDocument(Strict):
 class ContentDocument(Strict):
     """vLLM's multimodal document: a content list of exactly one image part."""
 
-    content: list[ImageUrlPart] = Field(min_length=1, max_length=1)
+    content: list[ImageUrlPart] = Field(
+        min_length=1, max_length=1, description="one image_url part (the document's image)"
+    )
 
 
 Document = str | JinaImageDocument | ImageUrlPart | ContentDocument
@@ -51,7 +53,9 @@ Document = str | JinaImageDocument | ImageUrlPart | ContentDocument
 class ContentDocuments(Strict):
     """vLLM's ``documents: {"content": [parts]}``: each image part is one document."""
 
-    content: list[ImageUrlPart] = Field(min_length=2, max_length=MAX_N)
+    content: list[ImageUrlPart] = Field(
+        min_length=2, max_length=MAX_N, description="the candidate images, one part each"
+    )
 
 
 def image_of(document: Document) -> str:

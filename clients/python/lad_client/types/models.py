@@ -12,7 +12,7 @@ class ModelCard(BaseModel):
     """One served model."""
 
     id: str = Field(description="the model id, as `model` in requests and responses")
-    object: Literal["model"] = "model"
+    object: Literal["model"] = Field("model", description='always "model"')
     created: int = Field(description="when this process loaded it (Unix seconds)")
     owned_by: str = Field("lad", description='always "lad"')
 
@@ -20,5 +20,5 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     """Every model this process serves (exactly one)."""
 
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
+    object: Literal["list"] = Field("list", description='always "list"')
+    data: list[ModelCard] = Field(description="the served model (one entry)")

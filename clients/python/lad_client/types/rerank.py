@@ -131,6 +131,6 @@ class RerankMeta(BaseModel):
 class RerankResponse(BaseModel):
     id: str = Field(description='"rerank-" + the request id (X-Request-ID)')
     model: str = Field(description="the served model id that answered")
-    usage: RerankUsage
+    usage: RerankUsage = Field(description="images, prompt tokens and forward passes spent")
     results: list[RerankResult] = Field(description="top_n documents, best first")
     meta: RerankMeta = Field(description="how the ranking was made and what it cost")
