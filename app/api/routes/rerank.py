@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 from fastapi import APIRouter, Request
 
 from app.api.bodies import read_query_body
@@ -35,8 +37,11 @@ async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -
         request, settings, json_model=RerankRequest, options_model=RerankOptions,
         files_field="documents", max_files=settings.max_rerank_candidates,
     )  # fmt: skip
-    sent = None
-    if isinstance(options, RerankRequest):  # JSON: documents in any of the accepted shapes
+    if isinstance(options, RerankRequest):  # documents in any accepted shape -> their images
         documents = options.images()
-        sent = options.sent() if options.return_documents else None
+    sent = None
+    if options.return_documents:  # as sent; a form's file parts (bytes) in base64
+        sent = options.sent() if isinstance(options, RerankRequest) else [
+            d if isinstance(d, str) else base64.b64encode(d).decode("ascii") for d in documents
+        ]  # fmt: skip
     return await service.rerank(options, query, documents, sent)

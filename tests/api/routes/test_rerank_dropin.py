@@ -5,6 +5,7 @@ answer; no remote fetch; a relevance score consistent across windows; GET /v1/mo
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import numpy as np
@@ -124,9 +125,12 @@ def test_wrong_model_is_404(client: Any, items: list[RetrievalExample]) -> None:
     files = [("documents", f[1]) for f in multipart_files(items[0].images)]
     r = client.post("/v1/rerank", data=fields, files=files)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    r = client.post("/v1/rerank", data={**fields, "model": served(client)}, files=files)
+    r = client.post("/v1/rerank", data={**fields, "model": served(client),
+                                        "return_documents": "true"}, files=files)  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.json()["model"] == served(client) and r.json()["usage"]["images"] == 3
+    for x in r.json()["results"]:  # a file part is echoed as its bytes in base64
+        assert base64.b64decode(x["document"]) == files[x["index"]][1][1]
 
 
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data",

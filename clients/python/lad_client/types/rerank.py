@@ -46,6 +46,10 @@ class RerankOptions(Strict):
         None, ge=0, le=2**32 - 1, description="seed of the window assignment (same seed, "
         "same documents: same windows); default: a fresh one, returned in meta",
     )
+    return_documents: bool = Field(
+        False, description="echo each result's document as it was sent (a file part of a "
+        "multipart body: its bytes in base64)",
+    )
     model: str | None = Field(
         None, max_length=512, description="the served model id (GET /v1/models); another id "
         "is 404 model_not_found; unset: the served model",
@@ -64,9 +68,6 @@ class RerankRequest(RerankOptions):
         '{"type": "image_url", "image_url": {"url": ...}} or vLLM\'s {"content": [<one image_url '
         'part>]}; or vLLM\'s {"content": [<image_url parts>]} (one document per part). Remote '
         "(http://, https://) URLs are not fetched: 400 invalid_image",
-    )
-    return_documents: bool = Field(
-        False, description="echo each result's document, in the shape it was sent"
     )
 
     def listed(self) -> list[Document]:
