@@ -15,27 +15,39 @@ import sys
 # sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("app.serve", "run the HTTP service (options: LAD_* variables or flags)"),
-    "bench engine": ("app.bench.engine",
-                     "measure plain forward vs capture + debias vs eager attention"),
-    "bench service": ("app.bench.service",
-                      "measure the HTTP service's throughput and latency, batching on/off"),
-    "bench memory": ("app.bench.memory",
-                     "measure resident memory of large-image requests (one and four at once)"),
-    "bench hardening": ("app.bench.hardening",
-                        "measure the worst hostile request of each class: time, memory, log"),
-    "bench attention": ("app.bench.attention_check",
-                        "check captured attention == eager attention on a device and dtype"),
-    "bench results": ("app.bench.tables",
-                      "regenerate the README's Measured-here tables from bench/results/*.json"),
-    "bench soak": ("app.bench.soak",
-                   "drive mixed traffic for M minutes: errors, p99 per minute, memory growth"),
-    "bench connections": ("app.bench.connections",
-                          "idle, slow, vanishing and mis-framed connections: cost, and "
-                          "whether ordinary requests get through"),
-    "bench online": ("app.bench.online",
-                     "time the evidence cache and feedback per store backend (online calibration)"),
-    "docs limits": ("app.limits_doc", "print or rewrite the README's limits and errors tables"),
-    "docs families": ("app.families_doc", "print or rewrite the README's model family table"),
+    "bench engine": (
+        "app.bench.engine",
+        "measure plain forward vs capture + debias vs eager attention",
+    ),
+    "bench service": (
+        "app.bench.service",
+        "measure the HTTP service's throughput and latency, batching on/off",
+    ),
+    "bench memory": (
+        "app.bench.memory",
+        "measure resident memory of large-image requests (one and four at once)",
+    ),
+    "bench hardening": (
+        "app.bench.hardening",
+        "measure the worst hostile request of each class: time, memory, log",
+    ),
+    "bench attention": (
+        "app.bench.attention_check",
+        "check captured attention == eager attention on a device and dtype",
+    ),
+    "bench soak": (
+        "app.bench.soak",
+        "drive mixed traffic for M minutes: errors, p99 per minute, memory growth",
+    ),
+    "bench connections": (
+        "app.bench.connections",
+        "idle, slow, vanishing and mis-framed connections: cost, and "
+        "whether ordinary requests get through",
+    ),
+    "bench online": (
+        "app.bench.online",
+        "time the evidence cache and feedback per store backend (online calibration)",
+    ),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
     "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),
@@ -85,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command:
         parser.print_usage(sys.stderr)
-        print(f"lad: unknown command {' '.join(args.command)!r}; see `lad --help`",
-              file=sys.stderr)
+        print(f"lad: unknown command {' '.join(args.command)!r}; see `lad --help`", file=sys.stderr)
         return 2
     parser.print_help()
     return 2  # no command given

@@ -61,9 +61,10 @@ class GpuMemoryCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "lad_gpu_memory_bytes", "GPU memory: torch allocated and reserved, device total",
+            "lad_gpu_memory_bytes",
+            "GPU memory: torch allocated and reserved, device total",
             labels=["device", "type"],
-        )  # fmt: skip
+        )
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_available() and cuda.is_initialized():

@@ -62,20 +62,38 @@ _REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ORIENTATION = 0x0112
 _TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90,
-}  # fmt: skip
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 # Leading bytes of formats that are refused by name (415) rather than as unreadable (400).
 _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
-    (b"\xff\xd8\xff", 0, "JPEG"), (b"\x89PNG\r\n\x1a\n", 0, "PNG"), (b"GIF8", 0, "GIF"),
-    (b"WEBP", 8, "WEBP"), (b"BM", 0, "BMP"), (b"II*\x00", 0, "TIFF"), (b"MM\x00*", 0, "TIFF"),
-    (b"%PDF", 0, "PDF"), (b"%!PS", 0, "PostScript/EPS"), (b"\xc5\xd0\xd3\xc6", 0, "EPS"),
-    (b"8BPS", 0, "PSD"), (b"\x00\x00\x01\x00", 0, "ICO"), (b"ftypheic", 4, "HEIC"),
-    (b"ftypheix", 4, "HEIC"), (b"ftypmif1", 4, "HEIF"), (b"ftypavif", 4, "AVIF"),
-    (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"), (b"\xffO\xffQ", 0, "JPEG 2000"),
-    (b"qoif", 0, "QOI"), (b"DDS ", 0, "DDS"), (b"v/1\x01", 0, "OpenEXR"),
-)  # fmt: skip
+    (b"\xff\xd8\xff", 0, "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", 0, "PNG"),
+    (b"GIF8", 0, "GIF"),
+    (b"WEBP", 8, "WEBP"),
+    (b"BM", 0, "BMP"),
+    (b"II*\x00", 0, "TIFF"),
+    (b"MM\x00*", 0, "TIFF"),
+    (b"%PDF", 0, "PDF"),
+    (b"%!PS", 0, "PostScript/EPS"),
+    (b"\xc5\xd0\xd3\xc6", 0, "EPS"),
+    (b"8BPS", 0, "PSD"),
+    (b"\x00\x00\x01\x00", 0, "ICO"),
+    (b"ftypheic", 4, "HEIC"),
+    (b"ftypheix", 4, "HEIC"),
+    (b"ftypmif1", 4, "HEIF"),
+    (b"ftypavif", 4, "AVIF"),
+    (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"),
+    (b"\xffO\xffQ", 0, "JPEG 2000"),
+    (b"qoif", 0, "QOI"),
+    (b"DDS ", 0, "DDS"),
+    (b"v/1\x01", 0, "OpenEXR"),
+)
 
 
 def sniff_format(raw: bytes) -> str | None:

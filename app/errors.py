@@ -39,7 +39,7 @@ REQUEST_ID_SCOPE_KEY = "lad.request_id"
 
 class ServiceError(Exception):
     """Base of the service's errors: `code` is the stable cause, `status` its HTTP status,
-    `meaning` the one-line explanation shown in the README and in the OpenAPI schema."""
+    `meaning` the one-line explanation shown in docs/api.md and in the OpenAPI schema."""
 
     code: ClassVar[str] = "error"
     status: ClassVar[int] = 500
@@ -253,14 +253,41 @@ class InternalError(ServiceError):
 
 
 ERRORS: tuple[type[ServiceError], ...] = (
-    InvalidRequest, BadRequest, InvalidImage, UnsupportedImageFormat, UnsupportedImage,
-    ImageTooLarge, PayloadTooLarge, RequestTimeout, TooManyImages, TooFewImages, InvalidQuery,
-    InvalidLabels, PromptTooLong, InvalidCalibration, UnsupportedMediaType, Unauthorized,
-    Forbidden, NotFound, MethodNotAllowed, ProfileNotFound, CalibrationRequired, ProfileMismatch,
-    NoPreviousVersion, RequestNotFound, ProfileGone, RefreshUnavailable, Overloaded, NotReady,
-    StoreUnavailable, StoreCorrupt, EngineFailure, InternalError,
-    HeadersTooLarge, ModelNotFound,
-)  # fmt: skip
+    InvalidRequest,
+    BadRequest,
+    InvalidImage,
+    UnsupportedImageFormat,
+    UnsupportedImage,
+    ImageTooLarge,
+    PayloadTooLarge,
+    RequestTimeout,
+    TooManyImages,
+    TooFewImages,
+    InvalidQuery,
+    InvalidLabels,
+    PromptTooLong,
+    InvalidCalibration,
+    UnsupportedMediaType,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    ProfileNotFound,
+    CalibrationRequired,
+    ProfileMismatch,
+    NoPreviousVersion,
+    RequestNotFound,
+    ProfileGone,
+    RefreshUnavailable,
+    Overloaded,
+    NotReady,
+    StoreUnavailable,
+    StoreCorrupt,
+    EngineFailure,
+    InternalError,
+    HeadersTooLarge,
+    ModelNotFound,
+)
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 
 _BY_STATUS: dict[int, type[ServiceError]] = {
@@ -300,8 +327,10 @@ def translate(exc: BaseException) -> ServiceError | None:
         return NoPreviousVersion(str(exc) or "no older version is kept to roll back to")
     if isinstance(exc, StoreDocumentCorrupt):
         log.error("calibration store: %s", exc)  # which document: for the operator only
-        return StoreCorrupt("a stored calibration document cannot be read back; the server "
-                            "log names it (recalibrate, or delete the profile)")  # fmt: skip
+        return StoreCorrupt(
+            "a stored calibration document cannot be read back; the server "
+            "log names it (recalibrate, or delete the profile)"
+        )
     if isinstance(exc, StoreDown):
         return StoreUnavailable("the calibration store is unavailable; retry shortly")
     return None
@@ -345,8 +374,9 @@ def log_unexpected(exc: BaseException, what: str) -> None:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
     text = str(exc).replace("\n", " ")[:300]
-    log.error("%s: %s at %s (request_id=%s): %s", what, type(exc).__name__, where,
-              REQUEST_ID.get(), text)  # fmt: skip
+    log.error(
+        "%s: %s at %s (request_id=%s): %s", what, type(exc).__name__, where, REQUEST_ID.get(), text
+    )
     log.debug("traceback of the error above", exc_info=exc)
 
 
@@ -403,8 +433,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     for exc_type in (
-        ServiceError, QueueFull, BatcherStopped, StoreProfileNotFound, StoreNoPreviousVersion,
-        StoreDown, StoreDocumentCorrupt,
+        ServiceError,
+        QueueFull,
+        BatcherStopped,
+        StoreProfileNotFound,
+        StoreNoPreviousVersion,
+        StoreDown,
+        StoreDocumentCorrupt,
     ):
         app.add_exception_handler(exc_type, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)

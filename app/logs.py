@@ -108,16 +108,25 @@ def log_request(record: RequestRecord, *, probe: bool = False) -> None:
     if probe and record.status < 400:
         level = logging.DEBUG
     request_log.log(
-        level, "%s %s %d %.1f ms", record.http_method, record.route, record.status,
-        record.latency_ms, extra={"lad": fields},
-    )  # fmt: skip
+        level,
+        "%s %s %d %.1f ms",
+        record.http_method,
+        record.route,
+        record.status,
+        record.latency_ms,
+        extra={"lad": fields},
+    )
     action = AUDITED.get((record.http_method, record.route))
     if action is not None:
         audit = {"action": action, "by": record.token or "unauthenticated", **fields}
         audit_log.info(
-            "%s by %s: %s %s", action, audit["by"], "ok" if record.status < 400 else "refused",
-            record.status, extra={"lad": audit},
-        )  # fmt: skip
+            "%s by %s: %s %s",
+            action,
+            audit["by"],
+            "ok" if record.status < 400 else "refused",
+            record.status,
+            extra={"lad": audit},
+        )
 
 
 # ------------------------------------------------------------------------ formatting

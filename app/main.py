@@ -25,7 +25,8 @@ from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
-from app.metrics import Metrics, RequestMetricsMiddleware
+from app.metrics import Metrics
+from app.request_metrics import RequestMetricsMiddleware
 from app.service import Service
 from app.settings import Settings
 from calibration_store import OnlineStore, ProfileStore, open_online_store, open_store
@@ -45,23 +46,36 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
     from app.models.loader import load_runner  # torch/transformers only when serving
 
     return load_runner(
-        settings.model, revision=settings.revision, device=settings.device, dtype=settings.dtype,
-        layers=settings.layers, prompt_variant=settings.prompt_variant,
-        threads=settings.torch_threads, max_pixels=settings.max_pixels,
-        min_pixels=settings.min_pixels, device_map=settings.device_map,
+        settings.model,
+        revision=settings.revision,
+        device=settings.device,
+        dtype=settings.dtype,
+        layers=settings.layers,
+        prompt_variant=settings.prompt_variant,
+        threads=settings.torch_threads,
+        max_pixels=settings.max_pixels,
+        min_pixels=settings.min_pixels,
+        device_map=settings.device_map,
         trust_remote_code=settings.trust_remote_code,
     )
 
 
 def open_store_from_settings(settings: Settings) -> ProfileStore:
-    return open_store(settings.store_url, keep_versions=settings.keep_versions,
-                      key_prefix=settings.store_key_prefix, poll_interval=settings.store_poll_s)
+    return open_store(
+        settings.store_url,
+        keep_versions=settings.keep_versions,
+        key_prefix=settings.store_key_prefix,
+        poll_interval=settings.store_poll_s,
+    )
 
 
 def open_online_store_from_settings(settings: Settings) -> OnlineStore:
-    return open_online_store(settings.store_url, key_prefix=settings.store_key_prefix,
-                             ttl_s=settings.evidence_ttl_s,
-                             max_entries=settings.evidence_max_entries)  # fmt: skip
+    return open_online_store(
+        settings.store_url,
+        key_prefix=settings.store_key_prefix,
+        ttl_s=settings.evidence_ttl_s,
+        max_entries=settings.evidence_max_entries,
+    )
 
 
 def create_app(
@@ -93,8 +107,12 @@ def create_app(
                 the_store.close()
 
     app = FastAPI(
-        title="lad-serve", version=__version__, description=API_DESCRIPTION, lifespan=lifespan,
-        docs_url=None, redoc_url=None,
+        title="lad-serve",
+        version=__version__,
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -25,8 +25,6 @@ so and the GPU alert needs the series (deploy/README.md "Series").
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,11 +38,8 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
-from starlette.datastructures import MutableHeaders
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors, logs
+from app import errors
 from app.collectors import (
     GpuMemoryCollector,
     ProfileCollector,
@@ -57,18 +52,45 @@ from app.engine.methods import NEEDS_CALIBRATION
 prometheus_client.disable_created_metrics()
 
 STAGES: tuple[str, ...] = (
-    "decode", "base64", "queue", "process", "forward", "score", "debias", "encode",
-)  # fmt: skip
+    "decode",
+    "base64",
+    "queue",
+    "process",
+    "forward",
+    "score",
+    "debias",
+    "encode",
+)
 STORE_OPERATIONS: tuple[str, ...] = (
-    "get", "put", "list", "versions", "delete", "rollback", "health", "write_probe",
-)  # fmt: skip
+    "get",
+    "put",
+    "list",
+    "versions",
+    "delete",
+    "rollback",
+    "health",
+    "write_probe",
+)
 CALIBRATION_OUTCOMES: tuple[str, ...] = ("success", "invalid", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _RATIO_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
 # the shadow comparison of two timed forwards can come out slightly negative (noise)
 _SIGNED_RATIO_BUCKETS = (
-    -0.05, -0.02, -0.01, -0.005, 0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2,
-)  # fmt: skip
+    -0.05,
+    -0.02,
+    -0.01,
+    -0.005,
+    0,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _IMAGE_BUCKETS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
 _TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -76,6 +98,7 @@ _TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536
 CLIENT_CLOSED_STATUS = 499
 CLIENT_CLOSED_CODE = "client_closed_request"
 """A client that left before its request was read (nginx's 499): not a server error."""
+
 
 def error_codes() -> list[str]:
     """Every code of the error table (app.errors), the generic ones included."""
@@ -106,105 +129,146 @@ class Metrics:
     # ------------------------------------------------------------------ declarations
     def _http(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
-            "lad_requests", "HTTP requests by route template, HTTP verb and status",
-            ["route", "http_method", "status"], registry=r,
-        )  # fmt: skip
+            "lad_requests",
+            "HTTP requests by route template, HTTP verb and status",
+            ["route", "http_method", "status"],
+            registry=r,
+        )
         self.request_duration = Histogram(
             "lad_request_duration_seconds",
             "HTTP request latency; method = retrieval method on /v1/retrieve, else empty",
-            ["route", "http_method", "method"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["route", "http_method", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "lad_requests_in_flight",
             "HTTP requests being handled (not /metrics, /healthz, /readyz)",
             registry=r,
-        )  # fmt: skip
+        )
         self.errors = Counter("lad_errors", "Error answers by code", ["code"], registry=r)
         for code in error_codes():
             self.errors.labels(code=code)
 
     def _pipeline(self, r: CollectorRegistry) -> None:
         self.stage_duration = Histogram(
-            "lad_stage_duration_seconds", "Latency of each pipeline stage per request",
-            ["stage", "method"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "lad_stage_duration_seconds",
+            "Latency of each pipeline stage per request",
+            ["stage", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.debias_overhead = Histogram(
             "lad_debias_overhead_ratio",
             "(score + debias) time over forward time per request (capture is inside forward)",
-            ["method"], buckets=_RATIO_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["method"],
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
         self.debias_latency_overhead = Histogram(
             "lad_debias_latency_overhead_ratio",
             "Shadow-sampled batches: (forward with capture - plain SDPA forward) over "
             "(plain forward + score), the extra latency of the attention evidence",
-            buckets=_SIGNED_RATIO_BUCKETS, registry=r,
-        )  # fmt: skip
+            buckets=_SIGNED_RATIO_BUCKETS,
+            registry=r,
+        )
         self.shadow_forward = Histogram(
             "lad_shadow_forward_seconds",
             "Plain forwards run for the overhead sample (model time not spent on requests)",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.batch_size = Histogram("lad_batch_size", "Items per forward batch",
-                                    buckets=_BATCH_BUCKETS, registry=r)
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "lad_batch_size", "Items per forward batch", buckets=_BATCH_BUCKETS, registry=r
+        )
         self.request_images = Histogram(
-            "lad_request_images", "Candidate images (N) per retrieve request", ["method"],
-            buckets=_IMAGE_BUCKETS, registry=r,
-        )  # fmt: skip
+            "lad_request_images",
+            "Candidate images (N) per retrieve request",
+            ["method"],
+            buckets=_IMAGE_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Histogram(
-            "lad_prompt_tokens", "Tokens of one forward prompt per retrieve request, images "
-            "included", ["method"], buckets=_TOKEN_BUCKETS, registry=r,
-        )  # fmt: skip
+            "lad_prompt_tokens",
+            "Tokens of one forward prompt per retrieve request, images included",
+            ["method"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
 
     def _answers(self, r: CollectorRegistry, max_images: int) -> None:
         self.predicted_position = Counter(
-            "lad_predicted_position", "Answers by predicted 0-based position; kind raw (model "
+            "lad_predicted_position",
+            "Answers by predicted 0-based position; kind raw (model "
             "argmax) or debiased; profile/labels of the profile served, empty without one",
-            ["method", "kind", "position", "profile", "labels", "n"], registry=r,
-        )  # fmt: skip
+            ["method", "kind", "position", "profile", "labels", "n"],
+            registry=r,
+        )
         self.fallback = Counter(
-            "lad_fallback", "Vanilla fallback answers for want of a profile (not debiased), "
-            "by requested method and N", ["method", "n"], registry=r,
-        )  # fmt: skip
+            "lad_fallback",
+            "Vanilla fallback answers for want of a profile (not debiased), "
+            "by requested method and N",
+            ["method", "n"],
+            registry=r,
+        )
         for method in sorted(NEEDS_CALIBRATION):
             for n in range(2, max_images + 1):
                 self.fallback.labels(method=method, n=str(n))
-        self.calibrations = Counter("lad_calibrations", "Calibrations by outcome", ["outcome"],
-                                    registry=r)
+        self.calibrations = Counter(
+            "lad_calibrations", "Calibrations by outcome", ["outcome"], registry=r
+        )
         for outcome in CALIBRATION_OUTCOMES:
             self.calibrations.labels(outcome=outcome)
         self.calibration_duration = Histogram(
-            "lad_calibration_duration_seconds", "Duration of successful calibrations",
-            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
-        )  # fmt: skip
+            "lad_calibration_duration_seconds",
+            "Duration of successful calibrations",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
         self.model_info = Info("lad_model", "The model this replica serves", registry=r)
         self.build_info = Info(
-            "lad_build", "The lad-serve version and the model it runs (set once loaded)",
+            "lad_build",
+            "The lad-serve version and the model it runs (set once loaded)",
             registry=r,
-        )  # fmt: skip
+        )
 
     def _state(self, r: CollectorRegistry, max_queue: int | None) -> None:
-        self.queue_depth = Gauge("lad_queue_depth", "Items waiting for the model worker",
-                                 registry=r)
-        self.queue_capacity = Gauge("lad_queue_capacity", "Queue capacity (LAD_MAX_QUEUE)",
-                                    registry=r)
+        self.queue_depth = Gauge(
+            "lad_queue_depth", "Items waiting for the model worker", registry=r
+        )
+        self.queue_capacity = Gauge(
+            "lad_queue_capacity", "Queue capacity (LAD_MAX_QUEUE)", registry=r
+        )
         if max_queue is not None:
             self.queue_capacity.set(max_queue)
-        self.store_errors = Counter("lad_store_errors", "Calibration store errors",
-                                    ["operation"], registry=r)
+        self.store_errors = Counter(
+            "lad_store_errors", "Calibration store errors", ["operation"], registry=r
+        )
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation=operation)
         self.store_degraded = Gauge(
-            "lad_store_degraded", "1 while the store is unreachable and the replica serves "
-            "its cached profiles, else 0", registry=r,
-        )  # fmt: skip
+            "lad_store_degraded",
+            "1 while the store is unreachable and the replica serves its cached profiles, else 0",
+            registry=r,
+        )
         self.store_writes_failing = Gauge(
-            "lad_store_writes_failing", "1 while the store refuses writes (its latest write or "
-            "write probe failed: full disk, read-only, Redis at maxmemory), else 0", registry=r,
-        )  # fmt: skip
-        self.feedback = Counter("lad_feedback", "POST /v1/feedback answers by outcome "
-                                "(counted, duplicate)", ["outcome"], registry=r)  # fmt: skip
-        self.refreshes = Counter("lad_profile_refreshes", "Profile refreshes by decision "
-                                 "(live, candidate)", ["decision"], registry=r)  # fmt: skip
+            "lad_store_writes_failing",
+            "1 while the store refuses writes (its latest write or "
+            "write probe failed: full disk, read-only, Redis at maxmemory), else 0",
+            registry=r,
+        )
+        self.feedback = Counter(
+            "lad_feedback",
+            "POST /v1/feedback answers by outcome (counted, duplicate)",
+            ["outcome"],
+            registry=r,
+        )
+        self.refreshes = Counter(
+            "lad_profile_refreshes",
+            "Profile refreshes by decision (live, candidate)",
+            ["decision"],
+            registry=r,
+        )
         for outcome in ("counted", "duplicate"):
             self.feedback.labels(outcome=outcome)
         for decision in ("live", "candidate"):
@@ -251,12 +315,18 @@ class Metrics:
             self.requests.labels(route=route, http_method=http_method, status=str(status))
 
     def observe_request(
-        self, route: str, http_method: str, status: int, seconds: float, method: str,
+        self,
+        route: str,
+        http_method: str,
+        status: int,
+        seconds: float,
+        method: str,
         error_code: str | None,
     ) -> None:
         self.requests.labels(route=route, http_method=http_method, status=str(status)).inc()
-        self.request_duration.labels(route=route, http_method=http_method,
-                                     method=method).observe(seconds)
+        self.request_duration.labels(route=route, http_method=http_method, method=method).observe(
+            seconds
+        )
         if error_code is not None:
             self.errors.labels(code=error_code).inc()
 
@@ -289,92 +359,15 @@ class Metrics:
         package version with the model id, revision, dtype and device)."""
         text = {k: "" if v is None else str(v) for k, v in info.items()}
         self.model_info.info(text)
-        self.build_info.info({
-            "version": package_version(), "model": text.get("model_id", ""),
-            "revision": text.get("revision", ""), "dtype": text.get("dtype", ""),
-            "device": text.get("device", ""),
-        })  # fmt: skip
+        self.build_info.info(
+            {
+                "version": package_version(),
+                "model": text.get("model_id", ""),
+                "revision": text.get("revision", ""),
+                "dtype": text.get("dtype", ""),
+                "device": text.get("device", ""),
+            }
+        )
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
-"""Scrapes and probes: counted, but not in flight, and in the request log only when they
-fail (status >= 400) or at debug level: a probe every few seconds would bury the log."""
-_MAX_ERROR_BODY = 64 * 1024
-
-
-def _error_code(body: bytes) -> str | None:
-    """The ``code`` of an error envelope (None when the body is not one)."""
-    try:
-        code = json.loads(body)["error"]["code"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return code if isinstance(code, str) else None
-
-
-class RequestMetricsMiddleware:
-    """Per request: counts and latency by route template (not raw path), HTTP verb, status
-    (499 for a client that left before its body was read) and retrieval method; the
-    in-flight gauge; errors by code (read from the error envelope); the request's log line
-    (``app.logs``; for QUIET_PATHS only on failure or at debug level); and a
-    ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        quiet = scope.get("path") in QUIET_PATHS
-        record = logs.RequestRecord(
-            request_id=scope.get(errors.REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
-        )
-        error_body = bytearray()
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.status = int(message["status"])
-                # the service's own time up to its answer, for clients and benchmarks
-                # (W3C Server-Timing; browsers' developer tools show it)
-                elapsed_ms = (time.perf_counter() - started) * 1e3
-                MutableHeaders(scope=message).append("Server-Timing", f"app;dur={elapsed_ms:.3f}")
-            elif message["type"] == "http.response.body" and record.status >= 400:
-                room = _MAX_ERROR_BODY - len(error_body)
-                error_body.extend(message.get("body", b"")[: max(room, 0)])
-            await send(message)
-
-        if not quiet:
-            self.metrics.in_flight.inc()
-        try:
-            with logs.request_scope(record):
-                await self.app(scope, receive, send_wrapper)
-        except ClientDisconnect:
-            record.status, record.error_code = CLIENT_CLOSED_STATUS, CLIENT_CLOSED_CODE
-            raise
-        except BaseException:
-            record.status = record.status or 500
-            record.error_code = record.error_code or "internal_error"
-            raise
-        finally:
-            if not quiet:
-                self.metrics.in_flight.dec()
-            self._finish(scope, record, bytes(error_body), started, quiet)
-
-    def _finish(self, scope: Scope, record: logs.RequestRecord, error_body: bytes,
-                started: float, quiet: bool) -> None:
-        record.status = record.status or 500
-        record.route = getattr(scope.get("route"), "path", None) or "unmatched"
-        record.latency_ms = round((time.perf_counter() - started) * 1e3, 2)
-        if record.status >= 400 and record.error_code is None:
-            record.error_code = _error_code(error_body) or "http_error"
-        method = (record.method or "") if record.route == "/v1/retrieve" else ""
-        self.metrics.observe_request(
-            record.route, record.http_method, record.status, record.latency_ms / 1e3, method,
-            record.error_code,
-        )  # fmt: skip
-        logs.log_request(record, probe=quiet)

@@ -50,14 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ENV_ONLY:
             continue
         default = field.get_default(call_default_factory=True)
-        shown = "unset" if default is None else (
-            ",".join(map(str, default)) if isinstance(default, list) else default
+        shown = (
+            "unset"
+            if default is None
+            else (",".join(map(str, default)) if isinstance(default, list) else default)
         )
         parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, metavar="VALUE",
+            "--" + name.replace("_", "-"),
+            dest=name,
+            metavar="VALUE",
             help=f"{field.description or name.replace('_', ' ')} "
             f"[env LAD_{name.upper()}; default: {shown}]",
-        )  # fmt: skip
+        )
     return parser
 
 
@@ -126,8 +130,9 @@ class DrainingServer(uvicorn.Server):
             log.info(
                 "received %s: no new connections; finishing the requests in flight "
                 "(at most %g s, LAD_DRAIN_TIMEOUT_S)",
-                signal.Signals(sig).name, self.drain_timeout_s,
-            )  # fmt: skip
+                signal.Signals(sig).name,
+                self.drain_timeout_s,
+            )
         self.should_exit = True
 
 
@@ -141,13 +146,17 @@ def serve(app: Any, settings: Settings, **options: Any) -> int:
     from app.api.server import uvicorn_options
 
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-        log_config=None, access_log=False, timeout_graceful_shutdown=settings.drain_timeout_s,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
         **{**uvicorn_options(settings), **options},
-    )  # fmt: skip
+    )
     server = DrainingServer(config, settings.drain_timeout_s)
     server.run()
     if server.signalled is not None:
         log.info("stopped after %s", signal.Signals(server.signalled).name)
     return 0 if server.started else 1
-

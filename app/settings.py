@@ -47,25 +47,30 @@ class Settings(BaseSettings):
         "vanilla", description="prompt wording of DESIGN §2.6 (part of the profile fingerprint)"
     )
     max_pixels: int | None = Field(
-        None, ge=1, description="pixel budget per image for the model's image processor "
-        "(width x height after resizing; bounds the image tokens; unset: the model's own)"
+        None,
+        ge=1,
+        description="pixel budget per image for the model's image processor "
+        "(width x height after resizing; bounds the image tokens; unset: the model's own)",
     )
     min_pixels: int | None = Field(
         None, ge=1, description="least pixels per image for the model's image processor"
     )
     device_map: str | None = Field(
-        None, description='transformers device_map, e.g. "auto" to spread a model over '
-        "several GPUs (unset: the whole model on LAD_DEVICE)"
+        None,
+        description='transformers device_map, e.g. "auto" to spread a model over '
+        "several GPUs (unset: the whole model on LAD_DEVICE)",
     )
     trust_remote_code: bool = Field(
-        False, description="run the Python code a checkpoint ships (model families outside "
-        "transformers, e.g. LLaVA-OneVision-1.5); off by default, logged as a warning when on"
+        False,
+        description="run the Python code a checkpoint ships (model families outside "
+        "transformers, e.g. LLaVA-OneVision-1.5); off by default, logged as a warning when on",
     )
 
     # --- calibration store ----------------------------------------------------------------
     store_url: str = Field(
-        DEFAULT_STORE_URL, description='profile store: a directory, "file://...", '
-        '"memory://" or "redis://host:port/db"'
+        DEFAULT_STORE_URL,
+        description='profile store: a directory, "file://...", '
+        '"memory://" or "redis://host:port/db"',
     )
     keep_versions: int = Field(5, ge=1, description="versions kept per profile for rollback")
     store_poll_s: float = Field(
@@ -75,10 +80,12 @@ class Settings(BaseSettings):
         "lad", min_length=1, description="Redis key prefix (several deployments in one Redis)"
     )
 
-    # --- online calibration (README "Online calibration") --------------------------------
+    # --- online calibration (docs/calibration.md) -------------------------------------------
     evidence_ttl_s: float = Field(
-        900.0, gt=0, description="how long a retrieval's evidence (scores, attention) waits "
-        "for POST /v1/feedback"
+        900.0,
+        gt=0,
+        description="how long a retrieval's evidence (scores, attention) waits "
+        "for POST /v1/feedback",
     )
     evidence_max_entries: int = Field(
         100_000, ge=1, description="most evidence entries kept (oldest dropped first)"
@@ -93,43 +100,60 @@ class Settings(BaseSettings):
         0, ge=0, description="refresh automatically after this much new feedback (0: off)"
     )
     refresh_prior: Literal["feedback", "served"] = Field(
-        "feedback", description="refresh's prior P from the labelled feedback, or from every "
-        "served request (P needs no labels)"
+        "feedback",
+        description="refresh's prior P from the labelled feedback, or from every "
+        "served request (P needs no labels)",
     )
 
-    # --- input limits (README "Limits and errors") ------------------------------------
+    # --- input limits (docs/api.md "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
     max_rerank_candidates: int = Field(
-        64, ge=2, le=MAX_N, description="most documents per /v1/rerank request (above the "
+        64,
+        ge=2,
+        le=MAX_N,
+        description="most documents per /v1/rerank request (above the "
         "largest window they go through the windowed tournament)",
     )
     max_rerank_passes: int = Field(
-        256, ge=1, description="most forward passes one /v1/rerank may plan (its tournament's "
+        256,
+        ge=1,
+        description="most forward passes one /v1/rerank may plan (its tournament's "
         "cost is known before it runs: windows, or N per window for perm_avg)",
     )
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1, description="encoded size per image")
     max_image_pixels: int = Field(
-        16_777_216, ge=1, description="width x height per image, read from its header "
-        "before decoding (the decompression-bomb guard)"
+        16_777_216,
+        ge=1,
+        description="width x height per image, read from its header "
+        "before decoding (the decompression-bomb guard)",
     )
     max_request_pixels: int = Field(
-        201_326_592, ge=1, description="decoded pixels per request, all images together, "
-        "after JPEG draft reduction (default: twelve 4096 x 4096 images)"
+        201_326_592,
+        ge=1,
+        description="decoded pixels per request, all images together, "
+        "after JPEG draft reduction (default: twelve 4096 x 4096 images)",
     )
     max_aspect_ratio: float = Field(
-        100.0, ge=1, lt=200, description="longest over shortest side of an image; beyond it "
-        "an image is refused (the image processors cannot take >= 200)"
+        100.0,
+        ge=1,
+        lt=200,
+        description="longest over shortest side of an image; beyond it "
+        "an image is refused (the image processors cannot take >= 200)",
     )
     image_formats: Annotated[list[str], NoDecode] = Field(
-        list(DEFAULT_IMAGE_FORMATS), description=f"accepted image formats, a subset of "
-        f"{', '.join(ALLOWED_IMAGE_FORMATS)}; anything else is refused with 415"
+        list(DEFAULT_IMAGE_FORMATS),
+        description=f"accepted image formats, a subset of "
+        f"{', '.join(ALLOWED_IMAGE_FORMATS)}; anything else is refused with 415",
     )
     max_concurrent_decodes: int = Field(
         2, ge=1, description="requests decoding images at once (bounds decode memory)"
     )
     decode_threads: int = Field(
-        2, ge=1, le=64, description="threads decoding images at once, shared by all requests "
-        "(Pillow decodes without the GIL); each holds one full-size image at a time"
+        2,
+        ge=1,
+        le=64,
+        description="threads decoding images at once, shared by all requests "
+        "(Pillow decodes without the GIL); each holds one full-size image at a time",
     )
     max_query_chars: int = Field(2000, ge=1, description="longest query / caption")
     max_label_chars: int = Field(32, ge=1, description="longest single label")
@@ -137,8 +161,10 @@ class Settings(BaseSettings):
         256, ge=1, description="tokens of all N labels together, as the model tokenises them"
     )
     max_body_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="request body of /v1/retrieve and /v1/rerank, "
-        "counted as it arrives (chunked too)"
+        64 * 1024 * 1024,
+        ge=1024,
+        description="request body of /v1/retrieve and /v1/rerank, "
+        "counted as it arrives (chunked too)",
     )
     max_calibrate_body_bytes: int = Field(
         128 * 1024 * 1024, ge=1024, description="request body of /v1/calibrate"
@@ -156,8 +182,9 @@ class Settings(BaseSettings):
         None, description="bearer token for /v1/retrieve (unset: open)"
     )
     admin_token: SecretStr | None = Field(
-        None, description="bearer token for calibrate, delete and rollback (unset: open); "
-        "also accepted by /v1/retrieve"
+        None,
+        description="bearer token for calibrate, delete and rollback (unset: open); "
+        "also accepted by /v1/retrieve",
     )
 
     # --- operations -----------------------------------------------------------------------
@@ -168,8 +195,11 @@ class Settings(BaseSettings):
         20.0, ge=0, description="on SIGTERM, most seconds to finish in-flight requests"
     )
     overhead_sample_rate: float = Field(
-        0.0, ge=0, le=1, description="fraction of batches also run without attention capture "
-        "to measure the latency overhead of debiasing live (0: off; e.g. 0.01)"
+        0.0,
+        ge=0,
+        le=1,
+        description="fraction of batches also run without attention capture "
+        "to measure the latency overhead of debiasing live (0: off; e.g. 0.01)",
     )
 
     # --- method ---------------------------------------------------------------------------
@@ -186,14 +216,16 @@ class Settings(BaseSettings):
     posterior_variant: Literal["reference", "logmean"] = MethodConfig.posterior_variant
     mixture: Literal["linear", "log"] = MethodConfig.mixture
     sink_guard: bool = Field(
-        MethodConfig.sink_guard, description="leave layers whose attention prior puts < 1e-6 "
-        "on some position out of L* (DESIGN §2.4); off = exactly the reference math"
+        MethodConfig.sink_guard,
+        description="leave layers whose attention prior puts < 1e-6 "
+        "on some position out of L* (DESIGN §2.4); off = exactly the reference math",
     )
 
     # --- prompt baselines of the evaluation (DESIGN §2.6) ----------------------------------
     cot_prompt: str = Field(
-        DEFAULT_COT_PROMPT, description="text of the cot / self_consistency prompts; fields "
-        "{n}, {range}, {noun}, {first}, {last}, {query}"
+        DEFAULT_COT_PROMPT,
+        description="text of the cot / self_consistency prompts; fields "
+        "{n}, {range}, {noun}, {first}, {last}, {query}",
     )
     cot_max_new_tokens: int = Field(64, ge=1, description="longest reasoning + answer")
 
@@ -202,8 +234,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="`lad serve` port")
     log_level: str = Field("info", description="uvicorn / logging level")
     allow_open_admin: bool = Field(
-        False, description="let `lad serve` bind a non-loopback address without "
-        "LAD_ADMIN_TOKEN (calibrate, delete and rollback then open to anyone who reaches it)"
+        False,
+        description="let `lad serve` bind a non-loopback address without "
+        "LAD_ADMIN_TOKEN (calibrate, delete and rollback then open to anyone who reaches it)",
     )
     read_timeout_s: float = Field(
         30.0, gt=0, description="most seconds to receive a request body (then 408)"
@@ -213,12 +246,16 @@ class Settings(BaseSettings):
     )
     keep_alive_s: float = Field(5.0, gt=0, description="idle keep-alive connection lifetime")
     max_connections: int = Field(
-        1024, ge=1, description="open connections; past it the longest-idle one (no request "
-        "under way) is closed to make room, else the oldest still sending its body"
+        1024,
+        ge=1,
+        description="open connections; past it the longest-idle one (no request "
+        "under way) is closed to make room, else the oldest still sending its body",
     )
     max_in_flight: int = Field(
-        256, ge=1, description="requests handled at once, counted once their body has arrived "
-        "(not the probes, /metrics); past it 429 `overloaded`"
+        256,
+        ge=1,
+        description="requests handled at once, counted once their body has arrived "
+        "(not the probes, /metrics); past it 429 `overloaded`",
     )
 
     @field_validator("layers", mode="before")

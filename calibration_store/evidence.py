@@ -73,8 +73,14 @@ class Evidence:
     """Drawn when the evidence is made (``draw_held_out``): its feedback judges refreshes."""
 
     @classmethod
-    def of(cls, key: ProfileKey, version: int | None, scores: Any, attention: Any,
-           held_out: bool | None = None) -> Evidence:  # fmt: skip
+    def of(
+        cls,
+        key: ProfileKey,
+        version: int | None,
+        scores: Any,
+        attention: Any,
+        held_out: bool | None = None,
+    ) -> Evidence:
         """The evidence of one retrieval; ``held_out`` None = the server's draw (a replay
         that must reproduce a split passes its own)."""
         s = np.asarray(scores, dtype=np.float64)
@@ -82,17 +88,25 @@ class Evidence:
         if s.shape != (key.n,) or a.ndim != 2 or a.shape[1] != key.n:
             raise ValueError(f"evidence shapes {s.shape}, {a.shape} do not fit N={key.n}")
         held = draw_held_out() if held_out is None else bool(held_out)
-        return cls(key, version, [_short(x) for x in s],
-                   [[_short(x) for x in row] for row in a], held)  # fmt: skip
+        return cls(
+            key, version, [_short(x) for x in s], [[_short(x) for x in row] for row in a], held
+        )
 
     @property
     def raw_position(self) -> int:
         return int(np.argmax(self.scores))
 
     def to_json(self) -> str:
-        return json.dumps({"key": self.key.model_dump(), "v": self.version, "s": self.scores,
-                           "a": self.attention, "h": int(self.held_out)},
-                          allow_nan=False)  # fmt: skip
+        return json.dumps(
+            {
+                "key": self.key.model_dump(),
+                "v": self.version,
+                "s": self.scores,
+                "a": self.attention,
+                "h": int(self.held_out),
+            },
+            allow_nan=False,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Evidence:
@@ -142,15 +156,21 @@ def snapshot_from(
             holdout.append((s, a, int(d["t"])))
     last = fb.get("last_refresh")
     return FeedbackSnapshot(
-        row_sums=rows, row_counts=counts, prior_sums=prior, prior_count=int(_num(fb, "pc")),
-        count=int(_num(fb, "count")), holdout_count=int(_num(fb, "holdout")),
+        row_sums=rows,
+        row_counts=counts,
+        prior_sums=prior,
+        prior_count=int(_num(fb, "pc")),
+        count=int(_num(fb, "count")),
+        holdout_count=int(_num(fb, "holdout")),
         since_refresh=int(_num(fb, "since_refresh")),
-        first_at=_num(fb, "first_at") or None, last_at=_num(fb, "last_at") or None,
+        first_at=_num(fb, "first_at") or None,
+        last_at=_num(fb, "last_at") or None,
         holdout=holdout,
         raw_positions=np.array([int(_num(ul, f"pos:{j}")) for j in range(n)], dtype=np.int64),
-        unlabelled_prior_sums=ul_prior, unlabelled_count=int(_num(ul, "pc")),
+        unlabelled_prior_sums=ul_prior,
+        unlabelled_count=int(_num(ul, "pc")),
         last_refresh=json.loads(last) if last else None,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -186,8 +206,9 @@ def feedback_increments(evidence: Evidence, answer: int) -> dict[str, float]:
     """The labelled sums one feedback adds (the same fields the Redis script writes)."""
     inc = {f"r:{answer}:{j}": s for j, s in enumerate(evidence.scores)}
     inc[f"c:{answer}"] = 1
-    inc.update({f"p:{i}:{k}": a for i, row in enumerate(evidence.attention)
-                for k, a in enumerate(row)})  # fmt: skip
+    inc.update(
+        {f"p:{i}:{k}": a for i, row in enumerate(evidence.attention) for k, a in enumerate(row)}
+    )
     inc["pc"] = 1
     return inc
 
@@ -195,8 +216,9 @@ def feedback_increments(evidence: Evidence, answer: int) -> dict[str, float]:
 def unlabelled_increments(evidence: Evidence) -> dict[str, float]:
     """What every served request adds to the unlabelled statistics."""
     inc: dict[str, float] = {f"pos:{evidence.raw_position}": 1, "pc": 1}
-    inc.update({f"p:{i}:{k}": a for i, row in enumerate(evidence.attention)
-                for k, a in enumerate(row)})  # fmt: skip
+    inc.update(
+        {f"p:{i}:{k}": a for i, row in enumerate(evidence.attention) for k, a in enumerate(row)}
+    )
     return inc
 
 
@@ -245,8 +267,9 @@ class MemoryOnlineStore:
             return
         tmp = self.path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps({"feedback": self._fb, "held": self._held,
-                                       "unlabelled": self._ul}))  # fmt: skip
+            tmp.write_text(
+                json.dumps({"feedback": self._fb, "held": self._held, "unlabelled": self._ul})
+            )
             os.replace(tmp, self.path)
         except OSError as exc:
             raise StoreUnavailable(f"cannot write online statistics: {exc}") from exc
@@ -271,8 +294,9 @@ class MemoryOnlineStore:
             if request_id in self._evidence:
                 return False  # first retrieval under an id keeps it (a reused X-Request-ID)
             self._evidence[request_id] = (now, evidence.to_json())
-            self._add(self._ul.setdefault(key_id(evidence.key), {}),
-                      unlabelled_increments(evidence))  # fmt: skip
+            self._add(
+                self._ul.setdefault(key_id(evidence.key), {}), unlabelled_increments(evidence)
+            )
             self._expire(now)
         return True
 
@@ -313,8 +337,13 @@ class MemoryOnlineStore:
     def snapshot(self, key: ProfileKey, layers: int) -> FeedbackSnapshot:
         kid = key_id(key)
         with self._lock:
-            return snapshot_from(dict(self._fb.get(kid, {})), list(self._held.get(kid, [])),
-                                 dict(self._ul.get(kid, {})), key.n, layers)  # fmt: skip
+            return snapshot_from(
+                dict(self._fb.get(kid, {})),
+                list(self._held.get(kid, [])),
+                dict(self._ul.get(kid, {})),
+                key.n,
+                layers,
+            )
 
     def claim_refresh(self, key: ProfileKey, every: int) -> bool:
         with self._lock:

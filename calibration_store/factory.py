@@ -83,10 +83,16 @@ def open_online_store(
     if scheme in ("redis", "rediss"):
         from calibration_store.redis_online import RedisOnlineStore
 
-        return RedisOnlineStore(text, key_prefix=key_prefix, ttl_s=ttl_s,
-                                max_entries=max_entries, socket_timeout=socket_timeout)
+        return RedisOnlineStore(
+            text,
+            key_prefix=key_prefix,
+            ttl_s=ttl_s,
+            max_entries=max_entries,
+            socket_timeout=socket_timeout,
+        )
     if scheme == "memory":
         return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries)
     root = Path(unquote(parts.path) if scheme == "file" else text)
-    return MemoryOnlineStore(ttl_s=ttl_s, max_entries=max_entries,
-                             path=root / "online" / "state.json")
+    return MemoryOnlineStore(
+        ttl_s=ttl_s, max_entries=max_entries, path=root / "online" / "state.json"
+    )

@@ -249,8 +249,9 @@ def _decode_entry(data: bytes) -> tuple[ProfileKey, _Entry]:
         raise ValueError(f"unknown store_format {doc.get('store_format')!r}")
     key = ProfileKey.model_validate(doc["key"])
     versions = {p.version: p for p in map(Profile.from_dict, doc["versions"])}
-    entry = _Entry(current=int(doc["current"]), last_version=int(doc["last_version"]),
-                   versions=versions)
+    entry = _Entry(
+        current=int(doc["current"]), last_version=int(doc["last_version"]), versions=versions
+    )
     consistent = entry.current in versions if versions else entry.current == 0
     if not consistent or any(p.key != key for p in versions.values()):
         raise ValueError("document is inconsistent (current version missing or foreign key)")
@@ -273,8 +274,9 @@ class FileProfileStore(MemoryProfileStore):
 
     backend = "file"
 
-    def __init__(self, root: str | os.PathLike[str], *,
-                 keep_versions: int = DEFAULT_KEEP_VERSIONS) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, keep_versions: int = DEFAULT_KEEP_VERSIONS
+    ) -> None:
         super().__init__(keep_versions=keep_versions)
         self.root = Path(root).expanduser().resolve()
         self._errors: list[str] = []
@@ -392,9 +394,15 @@ class FileProfileStore(MemoryProfileStore):
     def health(self) -> dict[str, Any]:
         with self._lock:
             live = sum(e.live for e in self._entries.values())
-            return {"backend": self.backend, "ok": True, "profiles": live,
-                    "path": str(self.root), "errors": list(self._errors),
-                    "writes": self.writes.state(), "last_write_error": self.writes.last_error}
+            return {
+                "backend": self.backend,
+                "ok": True,
+                "profiles": live,
+                "path": str(self.root),
+                "errors": list(self._errors),
+                "writes": self.writes.state(),
+                "last_write_error": self.writes.last_error,
+            }
 
     def close(self) -> None:
         with self._lock:

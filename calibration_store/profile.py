@@ -24,7 +24,6 @@ CURRENT_SCHEMA_VERSION: Final[int] = 1
 SUPPORTED_SCHEMA_VERSIONS: Final[frozenset[int]] = frozenset({1})
 
 
-
 class UnknownSchemaVersion(ValueError):
     """A stored profile was written with a schema this code does not understand."""
 
@@ -154,8 +153,7 @@ class Profile(_FingerprintFields):
             raise UnknownSchemaVersion(v)
         return v
 
-    @field_validator("bias_matrix", "attention_prior", "calibration_position_share",
-                     mode="before")
+    @field_validator("bias_matrix", "attention_prior", "calibration_position_share", mode="before")
     @classmethod
     def _arrays_to_lists(cls, v: Any) -> Any:
         return _as_lists(v)

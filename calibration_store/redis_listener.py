@@ -26,10 +26,18 @@ class ChangeListener:
     """Subscribes to ``channel`` and calls ``sync()`` (re-read all) or ``reload(key)``
     (one encoded key, for a change another replica made); ``lost(why)`` on a broken link."""
 
-    def __init__(self, client: redis.Redis, channel: str, origin: str, *,
-                 sync: Callable[[], None], reload: Callable[[str], None],
-                 lost: Callable[[str], None], poll_interval: float,
-                 reconnect_delay: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: redis.Redis,
+        channel: str,
+        origin: str,
+        *,
+        sync: Callable[[], None],
+        reload: Callable[[str], None],
+        lost: Callable[[str], None],
+        poll_interval: float,
+        reconnect_delay: float,
+    ) -> None:
         self.client, self.channel, self.origin = client, channel, origin
         self.sync, self.reload, self.lost = sync, reload, lost
         self.poll_interval, self.reconnect_delay = poll_interval, reconnect_delay
@@ -45,8 +53,9 @@ class ChangeListener:
         if self.alive:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"lad-store-{self.origin}",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, name=f"lad-store-{self.origin}", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:

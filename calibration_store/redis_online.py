@@ -98,15 +98,25 @@ class RedisOnlineStore:
 
     backend = "redis"
 
-    def __init__(self, url: str, *, key_prefix: str = "lad", ttl_s: float = 900.0,
-                 max_entries: int = 100_000, holdout_max: int = 1000,
-                 socket_timeout: float = 2.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "lad",
+        ttl_s: float = 900.0,
+        max_entries: int = 100_000,
+        holdout_max: int = 1000,
+        socket_timeout: float = 2.0,
+    ) -> None:
         self.ttl_s, self.max_entries, self.holdout_max = ttl_s, max_entries, holdout_max
         self.prefix = key_prefix
         self._client = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout, retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
         self._put = self._client.register_script(PUT)
         self._feedback = self._client.register_script(FEEDBACK)
         self._claim = self._client.register_script(CLAIM)
@@ -121,8 +131,11 @@ class RedisOnlineStore:
             raise StoreUnavailable(f"redis {what} failed: {exc}") from exc
 
     def put_evidence(self, request_id: str, evidence: Evidence) -> bool:
-        keys = [f"{self.prefix}:ev:{request_id}", f"{self.prefix}:ev:index",
-                self._k("ul", evidence.key)]  # fmt: skip
+        keys = [
+            f"{self.prefix}:ev:{request_id}",
+            f"{self.prefix}:ev:index",
+            self._k("ul", evidence.key),
+        ]
         args = [
             evidence.to_json(),
             int(self.ttl_s * 1000),
@@ -153,8 +166,14 @@ class RedisOnlineStore:
             self._k("fbheld", key),
             self._k("current", key),
         ]
-        args = [answer, int(held), record, self.holdout_max, time.time(),
-                *_pairs(feedback_increments(evidence, answer))]  # fmt: skip
+        args = [
+            answer,
+            int(held),
+            record,
+            self.holdout_max,
+            time.time(),
+            *_pairs(feedback_increments(evidence, answer)),
+        ]
         outcome, value = self._call("feedback", self._feedback, keys=keys, args=args)
         if outcome == COUNTED:
             return FeedbackResult(COUNTED, evidence, answer, held, int(value))
@@ -181,13 +200,21 @@ class RedisOnlineStore:
         return bool(self._call("claim", self._claim, keys=[self._k("fb", key)], args=[every]))
 
     def record_refresh(self, key: ProfileKey, decision: dict[str, Any]) -> None:
-        self._call("record refresh", self._client.hset, self._k("fb", key),
-                   mapping={"last_refresh": json.dumps(decision, allow_nan=False),
-                            "since_refresh": 0})  # fmt: skip
+        self._call(
+            "record refresh",
+            self._client.hset,
+            self._k("fb", key),
+            mapping={"last_refresh": json.dumps(decision, allow_nan=False), "since_refresh": 0},
+        )
 
     def reset(self, key: ProfileKey) -> None:
-        self._call("reset", self._client.delete, self._k("fb", key), self._k("fbheld", key),
-                   self._k("ul", key))  # fmt: skip
+        self._call(
+            "reset",
+            self._client.delete,
+            self._k("fb", key),
+            self._k("fbheld", key),
+            self._k("ul", key),
+        )
 
     def close(self) -> None:
         self._client.close()

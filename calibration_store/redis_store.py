@@ -131,9 +131,15 @@ class RedisProfileStore:
         self._last_sync: float | None = None
         self._last_error: str | None = None
         self._listener = ChangeListener(
-            self._client, self.channel, self.instance_id, sync=self.sync, reload=self._reload,
-            lost=self._lost, poll_interval=poll_interval, reconnect_delay=reconnect_delay,
-        )  # fmt: skip
+            self._client,
+            self.channel,
+            self.instance_id,
+            sync=self.sync,
+            reload=self._reload,
+            lost=self._lost,
+            poll_interval=poll_interval,
+            reconnect_delay=reconnect_delay,
+        )
         try:
             self.sync()
         except StoreUnavailable as exc:  # start degraded; the listener keeps reconnecting
@@ -242,8 +248,11 @@ class RedisProfileStore:
         if not lost:
             return
         self.store_resets += 1
-        log.warning("profile store: Redis lost its data or was rewound (change sequence %d); "
-                    "serving what it holds now, versions continue above the highest seen", seq)
+        log.warning(
+            "profile store: Redis lost its data or was rewound (change sequence %d); "
+            "serving what it holds now, versions continue above the highest seen",
+            seq,
+        )
         with self._lock:
             self._revs.clear()
             highs = dict(self._high)
@@ -298,8 +307,10 @@ class RedisProfileStore:
         for _ in range(_PUT_ATTEMPTS):
             lasts = self._call("put", partial(self._client.mget, counters))
             with self._lock:  # above what Redis counts and what this replica ever saw
-                nexts = [max(int(last or 0), self._high.get(k, 0)) + 1
-                         for k, last in zip(keys, lasts, strict=True)]  # fmt: skip
+                nexts = [
+                    max(int(last or 0), self._high.get(k, 0)) + 1
+                    for k, last in zip(keys, lasts, strict=True)
+                ]
             stored = [p.stored_as(v) for p, v in zip(profiles, nexts, strict=True)]
             script_keys = [f"{self.prefix}:seq", f"{self.prefix}:keys"]
             args: list[Any] = [len(stored), self.keep_versions, self.channel, self.instance_id]

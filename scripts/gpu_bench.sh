@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The GPU numbers in one run (issue 14): what a lent CUDA machine should measure.
+# The GPU numbers in one run (issues 14 and 23): what a lent CUDA machine should measure.
 #
-#   OUT=<folder> scripts/gpu_bench.sh            on a machine with CUDA (writes $OUT/*.json)
+#   scripts/gpu_bench.sh                         on a machine with CUDA: writes its JSON under
+#                                                bench/results/gpu/<device>/ (e.g. nvidia_h200),
+#                                                or under $OUT when set
 #   GPU_BENCH_DEVICE=cpu OUT=/tmp/g scripts/gpu_bench.sh   the same steps, tiny, on the CPU
 #                                                          (a rehearsal of the script itself)
 #
-# Steps, each under its own time limit so a slow one cannot starve the rest (8 min in
-# all; each step rewrites its JSON after every cell, so one cut short keeps what it
-# measured). The first H200 run (bench/results/gpu/h200_run1.json) used limits a third of
-# these and every step ran out of time:
+# Steps, each under its own time limit so a slow one cannot starve the rest (at most 8 min
+# in all, the limits below sum to 480 s; each step rewrites its JSON after every cell, so
+# one cut short keeps what it measured). Every record names the device. The first H200
+# run (bench/results/gpu/h200_run1.json) used limits a third of these and every step ran
+# out of time:
 #   1. the environment: GPU name, driver, torch/transformers versions (env.json);
 #   2. captured attention == eager attention on CUDA, float32 and bfloat16, demo model and
 #      tiny Qwen2.5-VL, with the tolerance stated (attention_check.json);
@@ -17,14 +20,15 @@
 #   5. issue 23: the released Qwen2.5-VL-3B and -7B architectures at full width with random
 #      weights (`shape:`, app/testing/shapes/), bf16, sdpa vs agd vs eager at N = 2, 4, 8, 12
 #      and ~1.5k / 6k tokens, peak GPU memory per variant; the 3B's captured == eager in
-#      step 2.
+#      step 2;
+#   6. issue 23: throughput of the runner at batch 1, 4 and 16 (agd requests in one forward)
+#      and the perm_avg request's latency against agd, on the 3B shape in bf16 at ~1.5k
+#      tokens, N = 4, with the peak GPU memory of each (`lad bench engine --batch`).
 # Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
 # with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
 # GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT="${OUT:?set OUT to the folder for the results}"
-mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "${GPU_BENCH_WHEELS:-}" ] && ls "$GPU_BENCH_WHEELS"/*.whl >/dev/null 2>&1; then
@@ -32,6 +36,14 @@ if [ -n "${GPU_BENCH_WHEELS:-}" ] && ls "$GPU_BENCH_WHEELS"/*.whl >/dev/null 2>&
     --target /tmp/site "$GPU_BENCH_WHEELS"/*.whl || { echo "wheel install failed"; exit 4; }
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
+
+if [ -z "${OUT:-}" ]; then  # bench/results/gpu/<the device's name>, e.g. nvidia_h200
+  OUT="bench/results/gpu/$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "_",
+    (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no_cuda").lower()).strip("_"))' \
+    2>/dev/null || echo unknown)"
+fi
+mkdir -p "$OUT"
+echo "results go to $OUT"
 
 "$PY" - "$OUT/env.json" <<'EOF'
 import json, platform, subprocess, sys
@@ -60,7 +72,9 @@ EOF
 
 if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
   DEV=cpu; TOKENS=300,600; REPS=2; SVC_REQ=8; LARGE=1; DTYPES=float32
-  SHAPE_ARGS="--width 128 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
+  # 224: a whole, even head size over the 3B's 16 heads and the 7B's 28
+  SHAPE_ARGS="--width 224 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
+  BATCH_ARGS="--width 128 --tokens 300 --n 2 --reps 1 --batch 1,4"
 else
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA device here: the GPU benchmarks are skipped (env.json says \"cuda\": false)"
@@ -68,6 +82,7 @@ else
   fi
   DEV=cuda; TOKENS=1500,6000,16000; REPS=5; SVC_REQ=64; LARGE=4
   DTYPES=float32,bfloat16; SHAPE_ARGS="--tokens 1500,6000 --n 2,4,8,12 --reps 3"
+  BATCH_ARGS="--tokens 1500 --n 4 --reps 3 --batch 1,4,16"
   ATTN_MODELS=demo,tiny-qwen2_5_vl,shape:qwen2_5_vl-3b
 fi
 
@@ -78,18 +93,21 @@ step() {  # step <seconds> <name> <command...>: run with a limit, log its status
   echo "== $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)"
 }
 
-step 90 attention "$PY" -m app.cli bench attention --models "$ATTN_MODELS" --device "$DEV" \
+step 75 attention "$PY" -m app.cli bench attention --models "$ATTN_MODELS" --device "$DEV" \
   --dtypes "$DTYPES" --out "$OUT/attention_check.json"
-step 60 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
+step 45 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS" --n 12 \
   --reps "$REPS" --out "$OUT/engine_tiny_bf16.json"
-LAD_DEVICE=$DEV step 120 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
+LAD_DEVICE=$DEV step 100 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
   --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
   --out "$OUT/service_demo.json"
 BF16="$([ $DEV = cuda ] && echo bfloat16 || echo float32)"
 for size in 3b 7b; do  # word splitting of SHAPE_ARGS is meant
   # shellcheck disable=SC2086
-  step 105 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
+  step 100 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
     --device "$DEV" --dtype "$BF16" $SHAPE_ARGS --out "$OUT/engine_shape_qwen2_5_vl-$size.json"
 done
+# shellcheck disable=SC2086
+step 60 throughput "$PY" -m app.cli bench engine --model shape:qwen2_5_vl-3b --device "$DEV" \
+  --dtype "$BF16" $BATCH_ARGS --out "$OUT/throughput_shape_qwen2_5_vl-3b.json"
 ls -la "$OUT"

@@ -37,9 +37,23 @@ def _port() -> int:
 
 
 def _server(port: int, directory: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", str(directory)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port, socket_connect_timeout=0.2)
     while True:
         try:
@@ -62,18 +76,31 @@ def _until(predicate: Any, timeout: float = 30.0) -> float:
 def _profile(name: str = "default", seed: int = 0) -> Profile:
     rng = np.random.default_rng(seed)
     return Profile.create(
-        name=name, fingerprint={"model_id": "m", "model_revision": "r", "dtype": "float32",
-                                "attention_backend": "sdpa", "prompt_hash": "p" * 16,
-                                "label_scheme": "digits", "n": 3},
-        layers=[0, 1], bias_matrix=rng.normal(size=(3, 3)), attention_prior=rng.random((2, 3)),
-        num_examples=5, num_forward_passes=15,
-    )  # fmt: skip
+        name=name,
+        fingerprint={
+            "model_id": "m",
+            "model_revision": "r",
+            "dtype": "float32",
+            "attention_backend": "sdpa",
+            "prompt_hash": "p" * 16,
+            "label_scheme": "digits",
+            "n": 3,
+        },
+        layers=[0, 1],
+        bias_matrix=rng.normal(size=(3, 3)),
+        attention_prior=rng.random((2, 3)),
+        num_examples=5,
+        num_forward_passes=15,
+    )
 
 
 def held_out_share(ids: int) -> dict[str, Any]:
     key = ProfileKey(model_id="m", name="default", label_scheme="digits", n=3)
-    picked = [r for r in (f"pick-{i}" for i in range(ids * 6))
-              if hashlib.sha256(r.encode()).digest()[0] % 5 == 0][:ids]  # fmt: skip
+    picked = [
+        r
+        for r in (f"pick-{i}" for i in range(ids * 6))
+        if hashlib.sha256(r.encode()).digest()[0] % 5 == 0
+    ][:ids]
     held = sum(Evidence.of(key, 1, np.zeros(3), np.ones((2, 3))).held_out for _ in picked)
     scores, attention = np.zeros(3), np.ones((2, 3))
     timings = {}
@@ -138,8 +165,11 @@ def vanished(port: int, directory: Path, trials: int) -> dict[str, Any]:
     admin.close()
     proc.kill()
     proc.wait()
-    return {"trials": trials, "poll_interval_s": 5.0,
-            "repair_pickup_s": [round(x, 3) for x in pickup]}  # fmt: skip
+    return {
+        "trials": trials,
+        "poll_interval_s": 5.0,
+        "repair_pickup_s": [round(x, 3) for x in pickup],
+    }
 
 
 def writes(port: int, directory: Path) -> dict[str, Any]:
@@ -194,10 +224,12 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="lad-store-faults-"))
     port = _port()
     try:
-        results = {"held_out": held_out_share(2000),
-                   "restart_empty": restart_empty(port, directory, args.trials),
-                   "vanished_key": vanished(port, directory, args.trials),
-                   "writes": writes(port, directory)}  # fmt: skip
+        results = {
+            "held_out": held_out_share(2000),
+            "restart_empty": restart_empty(port, directory, args.trials),
+            "vanished_key": vanished(port, directory, args.trials),
+            "writes": writes(port, directory),
+        }
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(results, indent=2))

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: the real Redis server the Redis tests talk to.
+"""Fixtures shared by every test package: the real Redis server the Redis tests talk to, and
+one cache of loaded runners, so the suite builds each model once.
 
 Redis tests (marked ``redis``) use LAD_TEST_REDIS_URL (default redis://127.0.0.1:6379/15)
 with a key prefix unique to each test, removed afterwards. Without a Redis answering
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
     for item in needs_redis:
         item.add_marker(skip)
+
+
+def _key(model: str, options: dict[str, Any]) -> tuple[Any, ...]:
+    """A hashable key of the runner's arguments (a list of layers is keyed as a tuple)."""
+    return (model, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
+@pytest.fixture(scope="session")
+def shared_runner() -> Callable[..., Any]:
+    """``shared_runner(model, **options)``: one runner per distinct arguments for the whole
+    session. ``"demo"`` is the bundled demo model (``load_runner``, one torch thread); any
+    other name is a tiny family of ``app.testing.tiny_models.tiny_runner`` with those options.
+
+    Every test module that asks for the same arguments gets the same object, so a test must
+    leave the runner as it found it (monkeypatch, or restore in ``finally``); a test that
+    changes a runner for good builds its own with ``tiny_runner``."""
+    import torch
+
+    torch.set_num_threads(1)
+    built: dict[tuple[Any, ...], Any] = {}
+
+    def get(model: str = "qwen2_5_vl", **options: Any) -> Any:
+        key = _key(model, options)
+        if key not in built:
+            if model == "demo":
+                from app.models.loader import load_runner
+
+                built[key] = load_runner("demo", threads=1, **options)
+            else:
+                from app.testing.tiny_models import tiny_runner
+
+                built[key] = tiny_runner(model, **options)
+        return built[key]
+
+    return get
 
 
 @pytest.fixture

@@ -27,10 +27,16 @@ class LiveService(Served):
     on the path, the log in ``workdir``."""
 
     def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
-        super().__init__({
-            "LAD_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "LAD_LOG_FORMAT": "json",
-            "PYTHONPATH": str(ROOT), **(env or {}),
-        }, workdir=workdir)  # fmt: skip
+        super().__init__(
+            {
+                "LAD_TORCH_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "LAD_LOG_FORMAT": "json",
+                "PYTHONPATH": str(ROOT),
+                **(env or {}),
+            },
+            workdir=workdir,
+        )
 
     def log_lines(self) -> list[dict[str, Any]]:
         """The JSON log lines (LAD_LOG_FORMAT=json); other lines are skipped."""

@@ -287,8 +287,7 @@ def split_form(
     query = form.fields.get("query", [None])[0]
     if query is None:
         raise errors.InvalidRequest("form field `query` (text) is required")
-    files: list[str | bytes] = [*form.files.get(files_field, []),
-                                *form.fields.get(files_field, [])]  # fmt: skip
+    files: list[str | bytes] = [*form.files.get(files_field, []), *form.fields.get(files_field, [])]
     raw: dict[str, Any] = {k: form.fields[k][0] for k in option_fields if k in form.fields}
     return raw, query, files
 

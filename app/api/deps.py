@@ -35,8 +35,9 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def _check_token(credentials: HTTPAuthorizationCredentials | None,
-                 accepted: dict[str, SecretStr], what: str) -> None:
+def _check_token(
+    credentials: HTTPAuthorizationCredentials | None, accepted: dict[str, SecretStr], what: str
+) -> None:
     """Constant-time comparison against every accepted token; no token configured = open.
 
     The name of the token that matched ("admin", "retrieve", or "open" when none is
@@ -48,8 +49,10 @@ def _check_token(credentials: HTTPAuthorizationCredentials | None,
     if credentials is None or not credentials.credentials:
         raise errors.Unauthorized(f"{what} needs a bearer token (Authorization: Bearer <token>)")
     given = credentials.credentials.encode()
-    matches = {name: hmac.compare_digest(given, t.get_secret_value().encode())
-               for name, t in accepted.items()}
+    matches = {
+        name: hmac.compare_digest(given, t.get_secret_value().encode())
+        for name, t in accepted.items()
+    }
     matched = [name for name, ok in matches.items() if ok]
     if not matched:
         raise errors.Forbidden(f"the bearer token is not valid for {what}")

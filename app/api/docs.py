@@ -34,13 +34,14 @@ def install_docs(app: FastAPI) -> None:
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=f"{root}{oauth_redirect}",
             swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
             swagger_ui_parameters=SWAGGER_PARAMETERS,
-        )  # fmt: skip
+        )
 
     @app.get(oauth_redirect, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
@@ -50,7 +51,9 @@ def install_docs(app: FastAPI) -> None:
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
             redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png", with_google_fonts=False,
-        )  # fmt: skip
+            redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
+            with_google_fonts=False,
+        )

@@ -101,8 +101,9 @@ class InFlightLimitMiddleware:
     def _refusal(self) -> errors.Overloaded:
         return errors.Overloaded(
             f"{self.active} requests are being handled (LAD_MAX_IN_FLIGHT={self.limit}); "
-            "retry in 1 s", retry_after_s=1,
-        )  # fmt: skip
+            "retry in 1 s",
+            retry_after_s=1,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
@@ -150,9 +151,10 @@ class BodyTimeout(HTTPException):
 
     def __init__(self, seconds: float) -> None:
         super().__init__(
-            408, f"the request body did not arrive within {seconds:g} s (LAD_READ_TIMEOUT_S)",
+            408,
+            f"the request body did not arrive within {seconds:g} s (LAD_READ_TIMEOUT_S)",
             {"Connection": "close"},
-        )  # fmt: skip
+        )
 
 
 def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:

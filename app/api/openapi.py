@@ -36,8 +36,11 @@ def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:
             listed = next((a for a in prop.get("anyOf", []) if a.get("type") == "array"), prop)
             kept = {k: listed[k] for k in ("minItems", "maxItems") if k in listed}
             kept.update({"description": prop["description"]} if "description" in prop else {})
-            properties[name] = {"type": "array", "items": {"type": "string", "format": "binary"},
-                                **kept}  # fmt: skip
+            properties[name] = {
+                "type": "array",
+                "items": {"type": "string", "format": "binary"},
+                **kept,
+            }
         elif "anyOf" in prop:
             properties[name] = _form_field(prop)
     return schema
@@ -51,16 +54,20 @@ def _form_field(prop: dict[str, Any]) -> dict[str, Any]:
         return {**alternatives[0], **rest}
     texts = [alt for alt in alternatives if alt.get("type") == "string"]
     patterns = [
-        "^(" + "|".join(re.escape(v) for v in alt["enum"]) + ")$" if "enum" in alt
-        else alt.get("pattern", "^.*$") for alt in texts
-    ]  # fmt: skip
+        "^(" + "|".join(re.escape(v) for v in alt["enum"]) + ")$"
+        if "enum" in alt
+        else alt.get("pattern", "^.*$")
+        for alt in texts
+    ]
     if any(alt.get("type") == "array" for alt in alternatives):
         patterns += [r"^\[.*\]$", r"^[^,]+(,[^,]+)+$"]  # a JSON list, a comma list
     return {"type": "string", "pattern": "|".join(patterns), **rest}
 
 
 def request_body(
-    model: type[BaseModel], content_types: Sequence[str], files_field: str | None,
+    model: type[BaseModel],
+    content_types: Sequence[str],
+    files_field: str | None,
     examples: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``openapi_extra`` of a route that reads its body by hand: per accepted content
@@ -155,9 +162,11 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = get_openapi(
-                title=app.title, version=app.version, description=app.description,
+                title=app.title,
+                version=app.version,
+                description=app.description,
                 routes=app.routes,
-            )  # fmt: skip
+            )
             _hoist_defs(document)
             _enumerate_error_codes(document)
             _patch_limits(document, settings)

@@ -19,8 +19,10 @@ from lad_client.routes import BY_NAME, Auth, Route
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 AUTH_DEPENDENCIES: dict[Auth, list[params.Depends]] = {
-    "none": [], "api_key": [RetrieveAuth], "admin": [AdminAuth],
-}  # fmt: skip
+    "none": [],
+    "api_key": [RetrieveAuth],
+    "admin": [AdminAuth],
+}
 """The token check of each kind of route (run before the handler reads any body)."""
 
 
@@ -29,15 +31,22 @@ def model(name: str) -> Any:
     return getattr(wire, name)
 
 
-def route_options(route: Route, *, json_examples: dict[str, Any] | None = None,
-                  responses: dict[int | str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def route_options(
+    route: Route,
+    *,
+    json_examples: dict[str, Any] | None = None,
+    responses: dict[int | str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """``APIRouter.api_route`` arguments of a table route; ``responses`` are added over
     the error responses (a status whose body is not the error envelope)."""
     options: dict[str, Any] = {
-        "path": route.path, "methods": [route.method], "name": route.name,
-        "summary": route.summary, "dependencies": list(AUTH_DEPENDENCIES[route.auth]),
+        "path": route.path,
+        "methods": [route.method],
+        "name": route.name,
+        "summary": route.summary,
+        "dependencies": list(AUTH_DEPENDENCIES[route.auth]),
         "responses": {**error_responses(route), **(responses or {})},
-    }  # fmt: skip
+    }
     if route.response is None:
         options["response_class"] = Response
     else:

@@ -15,8 +15,7 @@ ERROR_OF: dict[str, type[errors.ServiceError]] = {cls.code: cls for cls in error
 """Wire code -> its class (code, status, meaning), from the one table of causes."""
 
 ROUTE_ERRORS: dict[tuple[str, str], tuple[type[errors.ServiceError], ...]] = {
-    (route.method, route.path): tuple(ERROR_OF[code] for code in route.errors)
-    for route in ROUTES
+    (route.method, route.path): tuple(ERROR_OF[code] for code in route.errors) for route in ROUTES
 }
 """(HTTP verb, route template) -> the error classes it can answer (derived from ROUTES)."""
 
@@ -51,7 +50,8 @@ def error_responses(route: Route) -> dict[int | str, dict[str, Any]]:
         codes = "; ".join(f"`{cls.code}`: {cls.meaning}" for cls in classes)
         examples = {cls.code: error_example(cls) for cls in classes}
         responses[status] = {
-            "model": ErrorResponse, "description": f"error codes: {codes}",
+            "model": ErrorResponse,
+            "description": f"error codes: {codes}",
             "content": {"application/json": {"examples": examples}},
-        }  # fmt: skip
+        }
     return responses

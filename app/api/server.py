@@ -107,8 +107,9 @@ class StrictH11Connection(h11.Connection):
         if size > self.max_head_bytes:
             raise h11.RemoteProtocolError(
                 f"the request line and headers have {size} bytes; the limit is "
-                f"{self.max_head_bytes}", error_status_hint=431,
-            )  # fmt: skip
+                f"{self.max_head_bytes}",
+                error_status_hint=431,
+            )
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -187,8 +188,12 @@ class GuardedH11Protocol(H11Protocol):
         now = self.loop.time()
         if now - GuardedH11Protocol._last_warning >= 10.0:
             GuardedH11Protocol._last_warning = now
-            log.warning("%s (%d open, LAD_MAX_CONNECTIONS=%d)", what, len(self.connections),
-                        self.max_connections)  # fmt: skip
+            log.warning(
+                "%s (%d open, LAD_MAX_CONNECTIONS=%d)",
+                what,
+                len(self.connections),
+                self.max_connections,
+            )
 
     # ------------------------------------------------------------------ head deadline
     def _arm_header_timer(self) -> None:
@@ -218,23 +223,33 @@ class GuardedH11Protocol(H11Protocol):
         if too_large and "limit" not in detail:  # h11's own: an unfinished head past its bound
             detail = f"the request line and headers are over {self.max_head_bytes} bytes"
         request_id = uuid.uuid4().hex
-        log.info("refused a malformed HTTP request with %d (request_id=%s): %s",
-                 status, request_id, detail)  # fmt: skip
+        log.info(
+            "refused a malformed HTTP request with %d (request_id=%s): %s",
+            status,
+            request_id,
+            detail,
+        )
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the running request, if any, sees a disconnect
             self.cycle.message_event.set()
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             self.transport.close()  # an answer is already under way: closing is all that is left
             return
-        body = json.dumps(errors.error_body(error.code, f"malformed HTTP request: {detail}",
-                                            request_id)).encode()  # fmt: skip
+        body = json.dumps(
+            errors.error_body(error.code, f"malformed HTTP request: {detail}", request_id)
+        ).encode()
         headers = [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"), (b"x-request-id", request_id.encode()),
-        ]  # fmt: skip
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            (b"x-request-id", request_id.encode()),
+        ]
         try:
-            for event in (h11.Response(status_code=status, headers=headers),
-                          h11.Data(data=body), h11.EndOfMessage()):  # fmt: skip
+            for event in (
+                h11.Response(status_code=status, headers=headers),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
                 self.transport.write(self.conn.send(event))
         except h11.LocalProtocolError:
             pass  # h11 will not frame an answer in this state: the close below is the answer
@@ -242,14 +257,17 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The server's own limits as ``uvicorn.Config`` arguments (documented in the README):
+    """The server's own limits as ``uvicorn.Config`` arguments (docs/configuration.md):
     connection bound, head deadline and size, keep-alive; ``app.serve`` adds host, port and
     logs. No ``limit_concurrency``: it counts idle connections as load (module docstring)."""
     protocol = type(
-        "LadH11Protocol", (GuardedH11Protocol,),
-        {"header_timeout_s": settings.header_timeout_s,
-         "max_connections": settings.max_connections},
-    )  # fmt: skip
+        "LadH11Protocol",
+        (GuardedH11Protocol,),
+        {
+            "header_timeout_s": settings.header_timeout_s,
+            "max_connections": settings.max_connections,
+        },
+    )
     return {
         "http": protocol,
         "timeout_keep_alive": settings.keep_alive_s,

@@ -28,12 +28,12 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
     """Max |captured - eager| over layers and images for one request of ``n`` images."""
     import torch
 
-    from app.bench import engine
+    from app.bench import engine_setup
     from app.engine.attention import eager_attentions, span_mass
 
-    engine.DEVICE.update(device=device, dtype=dtype)
-    runner = engine._build(model, side, threads=torch.get_num_threads())
-    items = engine._items(n, side, QUERY)
+    engine_setup.DEVICE.update(device=device, dtype=dtype)
+    runner = engine_setup.build(model, side, threads=torch.get_num_threads())
+    items = engine_setup.requests(n, side, QUERY)
     captured = runner.forward(items).attention[0]
     batch = runner.process(items)
     spans = runner.adapter.image_spans(batch.input_ids[0], n)
@@ -42,11 +42,18 @@ def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
     diff = float(np.max(np.abs(captured - eager)))
     tol = TOLERANCE[dtype]
     return {
-        "model": model, "device": device, "dtype": dtype, "n": n, "image_side": side,
-        "prompt_tokens": int(batch.input_ids.shape[1]), "layers": list(runner.layers),
-        "max_abs_diff": diff, "atol": tol, "ok": diff <= tol,
+        "model": model,
+        "device": device,
+        "dtype": dtype,
+        "n": n,
+        "image_side": side,
+        "prompt_tokens": int(batch.input_ids.shape[1]),
+        "layers": list(runner.layers),
+        "max_abs_diff": diff,
+        "atol": tol,
+        "ok": diff <= tol,
         "captured_mass_mean": float(captured.sum(axis=1).mean()),
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,13 +80,20 @@ def main(argv: list[str] | None = None) -> int:
             check = compare(model, args.device, dtype, args.n, args.side)
             checks.append(check)
             verdict = "ok" if check["ok"] else "MISMATCH"
-            print(f"{model:18s} {dtype:9s} {check['prompt_tokens']:6d} tokens  max |captured - "
-                  f"eager| = {check['max_abs_diff']:.2e} (atol {check['atol']:.0e})  {verdict}",
-                  flush=True)  # fmt: skip
-            write_record(args.out, {  # after every check: a run cut short keeps the rest
-                "command": "lad bench attention " + " ".join(argv or []),
-                "device": device_name, "torch": torch.__version__, "checks": checks,
-            })  # fmt: skip
+            print(
+                f"{model:18s} {dtype:9s} {check['prompt_tokens']:6d} tokens  max |captured - "
+                f"eager| = {check['max_abs_diff']:.2e} (atol {check['atol']:.0e})  {verdict}",
+                flush=True,
+            )
+            write_record(
+                args.out,
+                {  # after every check: a run cut short keeps the rest
+                    "command": "lad bench attention " + " ".join(argv or []),
+                    "device": device_name,
+                    "torch": torch.__version__,
+                    "checks": checks,
+                },
+            )
     return 0 if all(c["ok"] for c in checks) else 1
 
 

@@ -144,8 +144,11 @@ def request_counts(url: str) -> dict[tuple[str, str, str], float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "lad_requests_total":
-                key = (sample.labels["route"], sample.labels["http_method"],
-                       sample.labels["status"])  # fmt: skip
+                key = (
+                    sample.labels["route"],
+                    sample.labels["http_method"],
+                    sample.labels["status"],
+                )
                 counts[key] = sample.value
     return counts
 
@@ -163,10 +166,15 @@ def scenario(served: Served, idle: float, act: Callable[[], dict[str, Any]]) -> 
     return record
 
 
-def run(model: str, idle_count: int, over_cap: int, disconnects: int, heads: int,
-        max_connections: int) -> dict[str, Any]:  # fmt: skip
-    env = {"LAD_MODEL": model, "LAD_TORCH_THREADS": "1", "LAD_LOG_LEVEL": "warning",
-           "LAD_MAX_CONNECTIONS": str(max_connections)}  # fmt: skip
+def run(
+    model: str, idle_count: int, over_cap: int, disconnects: int, heads: int, max_connections: int
+) -> dict[str, Any]:
+    env = {
+        "LAD_MODEL": model,
+        "LAD_TORCH_THREADS": "1",
+        "LAD_LOG_LEVEL": "warning",
+        "LAD_MAX_CONNECTIONS": str(max_connections),
+    }
     body = _small_body()
     rows: dict[str, dict[str, Any]] = {}
     with Served(env) as served:
@@ -186,8 +194,10 @@ def run(model: str, idle_count: int, over_cap: int, disconnects: int, heads: int
 
         rows["idle_sockets"] = scenario(served, idle, idle_then_ordinary(idle_count))
         rows["idle_sockets_past_the_cap"] = scenario(served, idle, idle_then_ordinary(over_cap))
-        slow = (b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 100000\r\n\r\n" + b'{"query": "' + b"x" * 50_000)  # fmt: skip
+        slow = (
+            b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n" + b'{"query": "' + b"x" * 50_000
+        )
         rows["slow_bodies"] = scenario(served, idle, idle_then_ordinary(idle_count, slow))
 
         def leave_mid_body() -> dict[str, Any]:
@@ -208,23 +218,31 @@ def run(model: str, idle_count: int, over_cap: int, disconnects: int, heads: int
                     break
                 time.sleep(0.05)
             fives = sum(v - before.get(k, 0) for k, v in after.items() if k[2].startswith("5"))
-            return {"clients": disconnects, "counted_499": counted, "counted_5xx": fives,
-                    "all_counted_ms": round((time.perf_counter() - start) * 1e3, 1)}  # fmt: skip
+            return {
+                "clients": disconnects,
+                "counted_499": counted,
+                "counted_5xx": fives,
+                "all_counted_ms": round((time.perf_counter() - start) * 1e3, 1),
+            }
 
         rows["disconnect_mid_body"] = scenario(served, idle, leave_mid_body)
 
         def smuggle() -> dict[str, Any]:
             before = request_counts(served.url)
             inner = b"GET /v1/profiles/smuggled HTTP/1.1\r\nHost: b\r\n\r\n"
-            data = (b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
-                    + f"\r\nContent-Length: {5 + len(inner)}\r\n".encode()
-                    + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + inner)  # fmt: skip
+            data = (
+                b"POST /v1/retrieve HTTP/1.1\r\nHost: b\r\nContent-Type: application/json"
+                + f"\r\nContent-Length: {5 + len(inner)}\r\n".encode()
+                + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                + inner
+            )
             record = exchange(port, data)
             after = request_counts(served.url)
             record["smuggled_ran"] = sum(
-                v - before.get(k, 0) for k, v in after.items()
+                v - before.get(k, 0)
+                for k, v in after.items()
                 if k[1] == "GET" and k[0] != "/metrics"
-            )  # fmt: skip
+            )
             return record
 
         rows["content_length_and_transfer_encoding"] = scenario(served, idle, smuggle)
@@ -235,20 +253,28 @@ def run(model: str, idle_count: int, over_cap: int, disconnects: int, heads: int
         def many_heads() -> dict[str, Any]:
             with ThreadPoolExecutor(16) as pool:
                 results = list(pool.map(lambda _: exchange(port, bigger), range(heads)))
-            return {"clients": heads, "statuses": sorted({r["status"] for r in results}),
-                    "max_ms": max(r["ms"] for r in results),
-                    "all_closed": all(r["closed"] for r in results)}  # fmt: skip
+            return {
+                "clients": heads,
+                "statuses": sorted({r["status"] for r in results}),
+                "max_ms": max(r["ms"] for r in results),
+                "all_closed": all(r["closed"] for r in results),
+            }
 
         rows["heads_200kb_concurrent"] = scenario(served, idle, many_heads)
-        rows["after"] = {"ordinary": ordinary_requests(served.url, body),
-                         "held_mib": round(served.rss_mib() - idle, 1)}  # fmt: skip
-    return {"model": model, "max_connections": max_connections,
-            "idle_rss_mib": round(idle, 1), "rows": rows}  # fmt: skip
+        rows["after"] = {
+            "ordinary": ordinary_requests(served.url, body),
+            "held_mib": round(served.rss_mib() - idle, 1),
+        }
+    return {
+        "model": model,
+        "max_connections": max_connections,
+        "idle_rss_mib": round(idle, 1),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad bench connections", description=__doc__,
-                            raw_description=True)  # fmt: skip
+    parser = command_parser(prog="lad bench connections", description=__doc__, raw_description=True)
     parser.add_argument("--model", default="demo", help="model to serve")
     parser.add_argument("--idle", type=int, default=300, help="idle / slow sockets held")
     parser.add_argument(

@@ -32,12 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
 
 import numpy as np
 
 from app.bench.engine_cells import VARIANTS, Cell, render, spread
-from app.bench.results import write_record
+from app.bench.engine_setup import DEVICE, build, requests, side_for, sync
+from app.bench.results import device_name, write_record
 from app.cli_help import command_parser
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -73,69 +73,6 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_bytes())
 
 
-DEVICE: dict[str, Any] = {"device": "cpu", "dtype": "float32", "width": None}
-"""Where, in which dtype and (``shape:`` models) at which width the runners are built
-(``--device``, ``--dtype``, ``--width``)."""
-SHAPE_PREFIX = "shape:"
-
-
-def _set_side(runner, side: int) -> bool:
-    """Pin a Qwen-style image processor to side x side pixels per image; False (nothing
-    changed) for processors with a fixed tile size (InternVL, LLaVA-OneVision), whose
-    image tokens do not depend on the side."""
-    image_processor = runner.processor.image_processor
-    if not hasattr(image_processor, "merge_size"):
-        return False
-    image_processor.size = {"shortest_edge": side * side, "longest_edge": side * side}
-    return True
-
-
-def _build(model: str, side: int, threads: int):
-    """A runner whose image processor yields (side/28)^2 tokens per image."""
-    import torch
-
-    from app.models.loader import resolve_device, resolve_dtype
-
-    torch.set_num_threads(threads)
-    device = resolve_device(DEVICE["device"])
-    dtype = resolve_dtype(DEVICE["dtype"], device)
-    if model.startswith("tiny"):
-        from app.testing.tiny_models import tiny_runner
-
-        family = model.removeprefix("tiny-") if model != "tiny" else "qwen2_5_vl"
-        runner = tiny_runner(family, image_pixels=side)
-        runner.model.to(device=device, dtype=dtype)
-        return runner
-    if model.startswith(SHAPE_PREFIX):
-        from app.testing.shapes import shape_runner
-
-        runner = shape_runner(model, width=DEVICE["width"], dtype=dtype, device=str(device))
-        _set_side(runner, side)
-        return runner
-    from app.models.loader import load_runner
-
-    runner = load_runner(model, threads=threads, device=device, dtype=dtype)
-    _set_side(runner, side)
-    return runner
-
-
-def _sync() -> None:
-    import torch
-
-    if DEVICE["device"].startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _items(n: int, side: int, query: str):
-    from app.engine.runner import RetrievalItem
-    from app.testing.tiny_models import random_images
-
-    return [RetrievalItem(query=query, images=random_images(n, seed=n, sizes=[(side, side)]))]
-
-
-QUERY = "a small red circle at the top on a striped background"
-
-
 def _variant_call(runner, variant: str, items, bias_matrix, prior):
     """One request of ``variant``; switching the attention backend is not part of the call."""
     import torch
@@ -163,14 +100,14 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
             kwargs = adapter.prompt_kwargs(runner.process(items))
             extra = {"output_attentions": True} if variant == "eager" else {}
             model(**kwargs, use_cache=False, logits_to_keep=1, **extra)
-            _sync()
+            sync()
 
     return select, once
 
 
 def _setup(model: str, side: int, n: int, threads: int, variants: Sequence[str] = VARIANTS):
-    runner = _build(model, side, threads)
-    items = _items(n, side, QUERY)
+    runner = build(model, side, threads)
+    items = requests(n, side)
     rng = np.random.default_rng(0)
     bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4
     prior = rng.dirichlet(np.ones(n), size=len(runner.layers))
@@ -218,22 +155,6 @@ def measure_peak(model: str, variant: str, side: int, n: int, threads: int) -> f
     return (sampler.peak - base) / 2**20
 
 
-def side_for(model: str, target: int, n: int, threads: int) -> tuple[int, int]:
-    """The image side (multiple of 28) whose prompt length is closest to ``target`` tokens
-    (one runner; only its processor's size changes between tries)."""
-    best = (0, 0)
-    runner = _build(model, 28, threads)
-    for side in range(28, 28 * 80, 28):
-        if not _set_side(runner, side):  # fixed tiles: the tokens do not depend on the side
-            return side, int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
-        tokens = int(runner.process(_items(n, side, QUERY)).input_ids.shape[1])
-        if not best[0] or abs(tokens - target) < abs(best[1] - target):
-            best = (side, tokens)
-        if tokens > target:
-            break
-    return best
-
-
 def measure_cuda_peaks(
     model: str, side: int, n: int, threads: int, variants: Sequence[str] = VARIANTS
 ) -> dict[str, float]:
@@ -260,25 +181,34 @@ def measure_cuda_peaks(
 
 def _worker(args: argparse.Namespace, kind: str, variant: str, side: int, n: int):
     """Run one measurement in a fresh interpreter (so memory peaks do not mix)."""
-    cmd = [sys.executable, "-m", "app.bench.engine", "--model", args.model,
-           "--reps", str(args.reps), "--threads", str(args.threads),
-           "--device", args.device, "--dtype", args.dtype, "--variants", args.variants,
-           "--worker", kind, variant, str(side), str(n)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.bench.engine",
+        "--model",
+        args.model,
+        "--reps",
+        str(args.reps),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--variants",
+        args.variants,
+        "--worker",
+        kind,
+        variant,
+        str(side),
+        str(n),
+    ]
     if args.width:
         cmd += ["--width", str(args.width)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bench worker failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _device_name(device: str) -> str:
-    """The accelerator's own name (e.g. "NVIDIA H200"), or the CPU architecture."""
-    import torch
-
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return torch.cuda.get_device_name(0)
-    return f"cpu ({platform.machine()})"
 
 
 def _paired(run: dict, variant: str) -> np.ndarray:
@@ -298,8 +228,10 @@ def measure_cells(
             side, _ = side_for(args.model, target, n, args.threads)
             on_cuda = args.device.startswith("cuda")
             if on_cuda:  # in process: synchronised timings, the allocator's own peaks
-                runs = [measure_latency(args.model, side, n, args.reps, args.threads, variants)
-                        for _ in range(args.repeats)]  # fmt: skip
+                runs = [
+                    measure_latency(args.model, side, n, args.reps, args.threads, variants)
+                    for _ in range(args.repeats)
+                ]
                 peaks = measure_cuda_peaks(args.model, side, n, args.threads, variants)
             else:
                 runs = [_worker(args, "latency", "-", side, n) for _ in range(args.repeats)]
@@ -325,10 +257,12 @@ def measure_cells(
                     repeat_ratios=[float(np.median(_paired(r, variant))) for r in runs],
                 )
                 cells.append(cell)
-                print(f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
-                      f"median {cell.median_ms:8.1f} ms  paired /sdpa "
-                      f"{cell.paired_ratio_to_sdpa:6.3f} {spread(cell)}  peak {cell.peak_mib} MiB",
-                      flush=True)  # fmt: skip
+                print(
+                    f"tokens~{target} ({cell.prompt_tokens}) N={n} {variant:5s} "
+                    f"median {cell.median_ms:8.1f} ms  paired /sdpa "
+                    f"{cell.paired_ratio_to_sdpa:6.3f} {spread(cell)}  peak {cell.peak_mib} MiB",
+                    flush=True,
+                )
             if progress is not None:
                 progress(cells, runs[0]["layers"])
     return cells
@@ -342,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         help="demo (default), tiny-<family>, shape:<name> (a released architecture with "
         "random weights: app/testing/shapes/) or a path / hub name",
     )
-    parser.add_argument("--width", type=int, help="shape: models: the text hidden size "
-                        "(every width scaled alike; depth, heads and tokens kept)")  # fmt: skip
+    parser.add_argument(
+        "--width",
+        type=int,
+        help="shape: models: the text hidden size "
+        "(every width scaled alike; depth, heads and tokens kept)",
+    )
     parser.add_argument("--tokens", default="300,1500", help="target prompt lengths")
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--reps", type=int, default=9, help="interleaved rounds per run")
@@ -367,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help='"cpu", "cuda" or "auto"')
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto")
+    parser.add_argument(
+        "--batch",
+        help="throughput mode: batch sizes, e.g. 1,4,16 (agd requests per forward), and "
+        "perm_avg's latency; no sdpa/agd/eager cells",
+    )
     parser.add_argument("--out", default="bench/results/engine.json")
     parser.add_argument(
         "--worker", nargs=4, metavar=("KIND", "VARIANT", "SIDE", "N"), help=argparse.SUPPRESS
@@ -404,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch_threads": args.threads,
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
-            "device": _device_name(args.device),
+            "device": device_name(args.device),
             "dtype": args.dtype,
             "reps": args.reps,
             "repeats": args.repeats,
@@ -421,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         seen[:] = layers
         write_record(args.out, record(done, layers, False))
 
+    if args.batch:
+        from app.bench.engine_batch import measure_throughput
+
+        measure_throughput(args, record)
+        return 0
     cells = measure_cells(args, progress)
     print(render(cells))
     print(f"Λ = {seen} ({len(seen)} layers)")

@@ -1,4 +1,4 @@
-"""One measured cell of ``lad bench engine`` and the table the README shows of them."""
+"""One measured cell of ``lad bench engine`` and the table docs/benchmarks.md shows of them."""
 
 from __future__ import annotations
 

@@ -34,8 +34,9 @@ Send = Callable[[str], int]
 def _json(content: bytes) -> Send:
     def send(url: str) -> int:
         headers = {"content-type": "application/json"}
-        return httpx.post(f"{url}/v1/retrieve", content=content, headers=headers,
-                          timeout=300.0).status_code  # fmt: skip
+        return httpx.post(
+            f"{url}/v1/retrieve", content=content, headers=headers, timeout=300.0
+        ).status_code
 
     return send
 
@@ -45,8 +46,9 @@ def _form(boundary: bytes, images: list[bytes], **form: Any) -> Send:
     headers = {"content-type": f"multipart/form-data; boundary={boundary.decode()}"}
 
     def send(url: str) -> int:
-        return httpx.post(f"{url}/v1/retrieve", content=content, headers=headers,
-                          timeout=300.0).status_code  # fmt: skip
+        return httpx.post(
+            f"{url}/v1/retrieve", content=content, headers=headers, timeout=300.0
+        ).status_code
 
     return send
 
@@ -78,12 +80,16 @@ def cases(segments: int, keys: int) -> dict[str, tuple[Send, int]]:
         f"jpeg: 7 x {segments // 1000}k empty APP15": (_form(b"b", [app15] * 7), 1),
         f"jpeg: 7 x {segments // 1000}k empty APP15, two at once": (_form(b"b", [app15] * 7), 2),
         WARNS: (_json(json.dumps(normal).encode()), 1),
-        "png: 500k tEXt chunks": (_form(b"b", [png, hostile.png_with_chunks(
-            b"tEXt", b"k\0v", 500_000), png]), 1),
+        "png: 500k tEXt chunks": (
+            _form(b"b", [png, hostile.png_with_chunks(b"tEXt", b"k\0v", 500_000), png]),
+            1,
+        ),
         "multipart: 300-byte boundary": (_form(b"x" * 300, [png] * 3), 1),
-        "multipart: no closing boundary, cut file": (_form(b"b", [png] * 3, close=False,
-                                                           cut=60), 1),
-    }  # fmt: skip
+        "multipart: no closing boundary, cut file": (
+            _form(b"b", [png] * 3, close=False, cut=60),
+            1,
+        ),
+    }
 
 
 class _Healthz:
@@ -110,8 +116,9 @@ class _Healthz:
         self._thread.join(120)
 
 
-def measure(served: Served, send: Send, concurrent: int, idle: float, settle_s: float,
-            beside: bool) -> dict[str, Any]:  # fmt: skip
+def measure(
+    served: Served, send: Send, concurrent: int, idle: float, settle_s: float, beside: bool
+) -> dict[str, Any]:
     """One class: its requests at once (and, ``beside``, a normal request 0.2 s in), with
     /healthz polled all along."""
     log_before = served.log_path.stat().st_size
@@ -165,13 +172,16 @@ def run(model: str, segments: int, keys: int, settle_s: float) -> dict[str, Any]
             row = measure(served, send, concurrent, idle, settle_s, beside=concurrent > 1)
             rows.append({"case": name, "concurrent": concurrent, **row})
         final_held = round(served.rss_mib() - idle, 1)
-    return {"model": model, "idle_rss_mib": round(idle, 1), "final_held_mib": final_held,
-            "rows": rows}  # fmt: skip
+    return {
+        "model": model,
+        "idle_rss_mib": round(idle, 1),
+        "final_held_mib": final_held,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad bench hardening", description=__doc__,
-                            raw_description=True)  # fmt: skip
+    parser = command_parser(prog="lad bench hardening", description=__doc__, raw_description=True)
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")
     parser.add_argument(
         "--segments",
@@ -201,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|:--|--:|:--|--:|--:|--:|--:|--:|--:|")
     for r in record["rows"]:
-        beside = (f"{r['normal_request_s']} ({r['normal_request']})" if "normal_request" in r
-                  else "-")  # fmt: skip
+        beside = (
+            f"{r['normal_request_s']} ({r['normal_request']})" if "normal_request" in r else "-"
+        )
         print(
             f"| {r['case']} | {r['concurrent']} | {','.join(map(str, r['statuses']))} | "
             f"{r['seconds_max']} | {r['peak_above_idle_mib']} | {r['held_after_mib']} | "

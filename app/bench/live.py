@@ -41,11 +41,20 @@ class Served:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 180.0) -> Served:
-        command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
-                   "--port", str(self.port)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(command, cwd=self.workdir, env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            self.proc = subprocess.Popen(
+                command, cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -58,8 +67,9 @@ class Served:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"lad serve was not ready within {ready_timeout_s} s:\n"
-                                   f"{self.log()[-3000:]}")  # fmt: skip
+                raise RuntimeError(
+                    f"lad serve was not ready within {ready_timeout_s} s:\n{self.log()[-3000:]}"
+                )
             time.sleep(0.2)
 
     def log(self) -> str:

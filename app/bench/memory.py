@@ -45,8 +45,9 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, float]:
     return response.status_code, time.perf_counter() - start
 
 
-def measure(served: Served, body: dict[str, Any], concurrent: int, settle_s: float,
-            idle: float) -> dict[str, Any]:
+def measure(
+    served: Served, body: dict[str, Any], concurrent: int, settle_s: float, idle: float
+) -> dict[str, Any]:
     """Peak RSS above idle while `concurrent` copies of `body` are answered, and what is held
     `settle_s` after the last answer."""
     with PeakRSS(served.pid) as peak, ThreadPoolExecutor(concurrent) as pool:
@@ -66,8 +67,11 @@ def run(model: str, threads: int, settle_s: float, side: int = SIDE) -> dict[str
     env = {"LAD_MODEL": model, "LAD_TORCH_THREADS": str(threads)}
     rows: list[dict[str, Any]] = []
     with Served(env) as served:
-        small = {"query": "a red circle", "method": "vanilla",
-                 "images": [big_image("JPEG", 224)] * 4}  # fmt: skip
+        small = {
+            "query": "a red circle",
+            "method": "vanilla",
+            "images": [big_image("JPEG", 224)] * 4,
+        }
         for _ in range(3):  # warm-up: first-request allocations are not the decode's cost
             _post(served.url, small)
         time.sleep(settle_s)
@@ -79,31 +83,45 @@ def run(model: str, threads: int, settle_s: float, side: int = SIDE) -> dict[str
                 row.update(format=fmt, request_mib=round(len(encoded) * 12 / 2**20, 2))
                 rows.append(row)
         final_held = round(served.rss_mib() - idle, 1)
-    return {"model": model, "threads": threads, "side": side, "images_per_request": 12,
-            "idle_rss_mib": round(idle, 1), "final_held_mib": final_held, "rows": rows}
+    return {
+        "model": model,
+        "threads": threads,
+        "side": side,
+        "images_per_request": 12,
+        "idle_rss_mib": round(idle, 1),
+        "final_held_mib": final_held,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad bench memory", description=__doc__,
-                                     raw_description=True)
+    parser = command_parser(prog="lad bench memory", description=__doc__, raw_description=True)
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
-    parser.add_argument("--settle-s", type=float, default=3.0,
-                        help="seconds to wait before reading what is held (default 3)")
-    parser.add_argument("--side", type=int, default=SIDE,
-                        help=f"image side in pixels (default {SIDE})")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=3.0,
+        help="seconds to wait before reading what is held (default 3)",
+    )
+    parser.add_argument(
+        "--side", type=int, default=SIDE, help=f"image side in pixels (default {SIDE})"
+    )
     parser.add_argument("--out", default="bench/results/memory_demo.json")
     args = parser.parse_args(argv)
     record = run(args.model, args.threads, args.settle_s, args.side)
-    print(f"idle RSS {record['idle_rss_mib']} MiB; requests of 12 x {args.side}x{args.side} "
-          "images")
-    print("| format | request MiB | concurrent | statuses | max latency s | peak above idle "
-          "MiB | held after MiB |")
+    print(f"idle RSS {record['idle_rss_mib']} MiB; requests of 12 x {args.side}x{args.side} images")
+    print(
+        "| format | request MiB | concurrent | statuses | max latency s | peak above idle "
+        "MiB | held after MiB |"
+    )
     print("|:--|--:|--:|:--|--:|--:|--:|")
     for r in record["rows"]:
-        print(f"| {r['format']} | {r['request_mib']} | {r['concurrent']} | "
-              f"{','.join(map(str, sorted(set(r['statuses']))))} | {r['latency_s_max']} | "
-              f"{r['peak_above_idle_mib']} | {r['held_after_mib']} |")
+        print(
+            f"| {r['format']} | {r['request_mib']} | {r['concurrent']} | "
+            f"{','.join(map(str, sorted(set(r['statuses']))))} | {r['latency_s_max']} | "
+            f"{r['peak_above_idle_mib']} | {r['held_after_mib']} |"
+        )
     print(f"held at the end: {record['final_held_mib']} MiB above idle")
     write_record(args.out, record)
     return 0

@@ -44,8 +44,10 @@ def _mark_current(url: str, prefix: str, key: ProfileKey) -> Any:
 def measure(url: str, key: ProfileKey, layers: int, count: int, prefix: str) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     store = open_online_store(url, key_prefix=prefix, max_entries=count + 1)
-    evidence = [Evidence.of(key, 1, rng.normal(size=key.n), rng.random(size=(layers, key.n)))
-                for _ in range(count)]  # fmt: skip
+    evidence = [
+        Evidence.of(key, 1, rng.normal(size=key.n), rng.random(size=(layers, key.n)))
+        for _ in range(count)
+    ]
     put, feedback = [], []
     for i, ev in enumerate(evidence):
         t = time.perf_counter()
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         "--redis", default=None, help="also time this Redis, e.g. redis://127.0.0.1:6379/15"
     )
     p.add_argument("--out", default="bench/results/online.json", help="JSON record")
-    args = p.parse_args(argv)  # fmt: skip
+    args = p.parse_args(argv)
     key = ProfileKey(model_id="bench", name="bench", label_scheme="digits", n=args.n)
     prefix = f"lad-bench-{uuid.uuid4().hex[:8]}"
     rows: dict[str, Any] = {}
@@ -92,10 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"N={args.n}, |Λ|={args.layers}, {args.count} calls each, load {os.getloadavg()[0]:.1f}")
     print(f"{'backend':8s} {'put p50':>9s} {'put p95':>9s} {'fb p50':>9s} {'fb p95':>9s}  (ms)")
     for name, r in rows.items():
-        print(f"{name:8s} {r['put_evidence']['p50_ms']:9.3f} {r['put_evidence']['p95_ms']:9.3f} "
-              f"{r['feedback']['p50_ms']:9.3f} {r['feedback']['p95_ms']:9.3f}")  # fmt: skip
-    write_record(args.out, {"n": args.n, "layers": args.layers, "count": args.count,
-                            "load_1m": os.getloadavg()[0], "backends": rows})  # fmt: skip
+        print(
+            f"{name:8s} {r['put_evidence']['p50_ms']:9.3f} {r['put_evidence']['p95_ms']:9.3f} "
+            f"{r['feedback']['p50_ms']:9.3f} {r['feedback']['p95_ms']:9.3f}"
+        )
+    write_record(
+        args.out,
+        {
+            "n": args.n,
+            "layers": args.layers,
+            "count": args.count,
+            "load_1m": os.getloadavg()[0],
+            "backends": rows,
+        },
+    )
     return 0
 
 

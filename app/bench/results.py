@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -14,3 +15,13 @@ def write_record(path: str | Path, record: dict[str, Any]) -> Path:
     out.write_text(json.dumps(record, indent=2))
     print(f"wrote {out}")
     return out
+
+
+def device_name(device: str) -> str:
+    """The accelerator's own name (e.g. "NVIDIA H200") for a cuda / auto device with CUDA
+    present, else the CPU architecture: what a record names its machine by."""
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.machine()})"

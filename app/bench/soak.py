@@ -46,20 +46,30 @@ class Minute:
     def row(self, index: int, rss_mib: float, seconds: float) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
         return {
-            "minute": index + 1, "requests": self.requests,
-            "requests_per_s": round(self.requests / seconds, 2), "errors": self.errors,
-            "calibrations": self.calibrations, "hostile": self.hostile,
+            "minute": index + 1,
+            "requests": self.requests,
+            "requests_per_s": round(self.requests / seconds, 2),
+            "errors": self.errors,
+            "calibrations": self.calibrations,
+            "hostile": self.hostile,
             "p50_ms": round(float(np.percentile(lat, 50)), 1),
-            "p99_ms": round(float(np.percentile(lat, 99)), 1), "rss_mib": round(rss_mib, 1),
+            "p99_ms": round(float(np.percentile(lat, 99)), 1),
+            "rss_mib": round(rss_mib, 1),
             "statuses": dict(self.statuses),
-        }  # fmt: skip
+        }
 
 
 class Soak:
     """The traffic: client threads append into the current minute under one lock."""
 
-    def __init__(self, served: Served, payloads: list[dict], examples: list[dict],
-                 seed: int, hostile_share: float = 0.0) -> None:
+    def __init__(
+        self,
+        served: Served,
+        payloads: list[dict],
+        examples: list[dict],
+        seed: int,
+        hostile_share: float = 0.0,
+    ) -> None:
         self.served, self.payloads, self.examples = served, payloads, examples
         self.hostile_share = hostile_share
         self.hostile = hardening.cases(200_000, 300_000) if hostile_share > 0 else {}
@@ -107,8 +117,11 @@ class Soak:
                     self._hostile_request()
                     continue
                 payload = self.rng.choice(self.payloads)
-                body = {"query": payload["query"], "images": payload["images"],
-                        "method": self._method()}  # fmt: skip
+                body = {
+                    "query": payload["query"],
+                    "images": payload["images"],
+                    "method": self._method(),
+                }
                 start = time.perf_counter()
                 try:
                     status = http.post("/v1/retrieve", json=body).status_code
@@ -133,20 +146,33 @@ class Soak:
         return done
 
 
-def run(minutes: float, concurrency: int, model: str, threads: int, every_s: float,
-        seed: int, hostile_share: float = 0.0) -> dict[str, Any]:
+def run(
+    minutes: float,
+    concurrency: int,
+    model: str,
+    threads: int,
+    every_s: float,
+    seed: int,
+    hostile_share: float = 0.0,
+) -> dict[str, Any]:
     payloads = build_payloads(32, 4, seed="eval")
-    examples = [{"query": p["query"], "images": p["images"], "answer": p["answer"]}
-                for p in build_payloads(5, 4, seed="calibration")]
+    examples = [
+        {"query": p["query"], "images": p["images"], "answer": p["answer"]}
+        for p in build_payloads(5, 4, seed="calibration")
+    ]
     env = {"LAD_MODEL": model, "LAD_TORCH_THREADS": str(threads)}
     with Served(env) as served:
-        calibrated = httpx.post(f"{served.url}/v1/calibrate", json={"examples": examples},
-                                timeout=300.0)  # fmt: skip
+        calibrated = httpx.post(
+            f"{served.url}/v1/calibrate", json={"examples": examples}, timeout=300.0
+        )
         calibrated.raise_for_status()
         soak = Soak(served, payloads, examples, seed, hostile_share)
         for payload in payloads[:8]:  # warm-up before the start RSS
-            httpx.post(f"{served.url}/v1/retrieve", json={"query": payload["query"],
-                       "images": payload["images"]}, timeout=120.0)  # fmt: skip
+            httpx.post(
+                f"{served.url}/v1/retrieve",
+                json={"query": payload["query"], "images": payload["images"]},
+                timeout=120.0,
+            )
         rss_start = served.rss_mib()
         workers = [threading.Thread(target=soak.client, daemon=True) for _ in range(concurrency)]
         workers.append(threading.Thread(target=soak.calibrator, args=(every_s,), daemon=True))
@@ -165,33 +191,50 @@ def run(minutes: float, concurrency: int, model: str, threads: int, every_s: flo
         rss_end = served.rss_mib()
     total = sum(r["requests"] for r in rows)
     return {
-        "model": model, "minutes": minutes, "concurrency": concurrency, "threads": threads,
-        "calibrate_every_s": every_s, "method_mix": dict(METHOD_MIX), "rows": rows,
-        "hostile_share": hostile_share, "hostile": sum(r["hostile"] for r in rows),
-        "requests": total, "errors": sum(r["errors"] for r in rows),
+        "model": model,
+        "minutes": minutes,
+        "concurrency": concurrency,
+        "threads": threads,
+        "calibrate_every_s": every_s,
+        "method_mix": dict(METHOD_MIX),
+        "rows": rows,
+        "hostile_share": hostile_share,
+        "hostile": sum(r["hostile"] for r in rows),
+        "requests": total,
+        "errors": sum(r["errors"] for r in rows),
         "calibrations": sum(r["calibrations"] for r in rows),
         "requests_per_s": round(total / (minutes * 60), 2),
-        "rss_start_mib": round(rss_start, 1), "rss_end_mib": round(rss_end, 1),
+        "rss_start_mib": round(rss_start, 1),
+        "rss_end_mib": round(rss_end, 1),
         "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 2),
-    }  # fmt: skip
+    }
 
 
 def _line(r: dict[str, Any]) -> str:
-    return (f"| {r['minute']} | {r['requests']} | {r['requests_per_s']} | {r['errors']} | "
-            f"{r['calibrations']} | {r['p50_ms']} | {r['p99_ms']} | {r['rss_mib']} |")
+    return (
+        f"| {r['minute']} | {r['requests']} | {r['requests_per_s']} | {r['errors']} | "
+        f"{r['calibrations']} | {r['p50_ms']} | {r['p99_ms']} | {r['rss_mib']} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_parser(prog="lad bench soak", description=__doc__,
-                                     raw_description=True)
+    parser = command_parser(prog="lad bench soak", description=__doc__, raw_description=True)
     parser.add_argument("--minutes", type=float, default=10.0, help="duration (default 10)")
     parser.add_argument("--concurrency", type=int, default=4, help="retrieval clients (4)")
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
-    parser.add_argument("--calibrate-every-s", type=float, default=60.0,
-                        help="seconds between recalibrations (default 60)")
-    parser.add_argument("--hostile-share", type=float, default=0.0,
-                        help="share of requests that are hostile (lad bench hardening's)")
+    parser.add_argument(
+        "--calibrate-every-s",
+        type=float,
+        default=60.0,
+        help="seconds between recalibrations (default 60)",
+    )
+    parser.add_argument(
+        "--hostile-share",
+        type=float,
+        default=0.0,
+        help="share of requests that are hostile (lad bench hardening's)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/soak_demo.json")
     args = parser.parse_args(argv)
@@ -199,12 +242,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--minutes must be in (0, 240]")
     print("| minute | requests | req/s | errors | calibrations | p50 ms | p99 ms | RSS MiB |")
     print("|--:|--:|--:|--:|--:|--:|--:|--:|")
-    record = run(args.minutes, args.concurrency, args.model, args.threads,
-                 args.calibrate_every_s, args.seed, args.hostile_share)  # fmt: skip
-    print(f"{record['requests']} requests ({record['requests_per_s']} req/s), "
-          f"{record['errors']} errors, {record['calibrations']} calibrations; RSS "
-          f"{record['rss_start_mib']} -> {record['rss_end_mib']} MiB "
-          f"({record['rss_growth_pct']:+} %)")
+    record = run(
+        args.minutes,
+        args.concurrency,
+        args.model,
+        args.threads,
+        args.calibrate_every_s,
+        args.seed,
+        args.hostile_share,
+    )
+    print(
+        f"{record['requests']} requests ({record['requests_per_s']} req/s), "
+        f"{record['errors']} errors, {record['calibrations']} calibrations; RSS "
+        f"{record['rss_start_mib']} -> {record['rss_end_mib']} MiB "
+        f"({record['rss_growth_pct']:+} %)"
+    )
     write_record(args.out, record)
     return 0
 

@@ -203,8 +203,17 @@ def next_batch(
     ns, hard = curriculum(progress)
     n = int(rng.choice(ns))
     scheme = str(rng.choice(recipe.schemes))
-    batch = retrieval_batch(pool, encoder, batch_size, n, hard, corruption, rng,
-                            scheme=scheme, corruption_shape=recipe.corruption_shape)  # fmt: skip
+    batch = retrieval_batch(
+        pool,
+        encoder,
+        batch_size,
+        n,
+        hard,
+        corruption,
+        rng,
+        scheme=scheme,
+        corruption_shape=recipe.corruption_shape,
+    )
     if rng.random() < recipe.caption_share:
         return "caption", n, hard, caption_batch(pool, encoder, batch_size, rng)
     return "retrieval", n, hard, batch
@@ -241,9 +250,15 @@ class TrainingLog:
         for k, v in stats.items():
             self.running[f"{tag}.{k}"] = 0.9 * self.running.get(f"{tag}.{k}", v) + 0.1 * v
         if (step + 1) % self.every == 0 or step == self.total - 1:
-            entry = {"step": step + 1, "stage": stage, "n": n, "hard": round(hard, 3), "lr": lr,
-                     "elapsed_s": round(time.time() - self.started, 1),
-                     **{k: round(v, 4) for k, v in self.running.items()}}  # fmt: skip
+            entry = {
+                "step": step + 1,
+                "stage": stage,
+                "n": n,
+                "hard": round(hard, 3),
+                "lr": lr,
+                "elapsed_s": round(time.time() - self.started, 1),
+                **{k: round(v, 4) for k, v in self.running.items()},
+            }
             self.entries.append(entry)
             print(json.dumps(entry), flush=True)
 
@@ -299,11 +314,17 @@ def train(
         if step > 0 and step % refresh_every == 0:
             pool.refresh(rng)
         progress = recipe.curriculum_start + (1.0 - recipe.curriculum_start) * (
-            (step - caption_steps) / max(1, retrieval_steps))  # fmt: skip
+            (step - caption_steps) / max(1, retrieval_steps)
+        )
         stage, n, hard, batch = next_batch(
-            pool, encoder, batch_size, corruption, rng,
-            progress if step >= caption_steps else None, recipe,
-        )  # fmt: skip
+            pool,
+            encoder,
+            batch_size,
+            corruption,
+            rng,
+            progress if step >= caption_steps else None,
+            recipe,
+        )
         batch = batch.to(device)
         # one warm-up + cosine cycle per stage: stage 2 starts again from the peak
         at, length = (
@@ -325,11 +346,24 @@ def train(
     model.eval()
     model.to("cpu")
     if save:
-        save_model(model, processor, out_dir, {"seed": seed, "caption_steps": caption_steps,
-                   "retrieval_steps": retrieval_steps, "batch_size": batch_size, "lr": lr,
-                   "aux_weight": aux_weight, "corruption": corruption, "device": device,
-                   "init_from": str(init_from) if init_from else None,
-                   "recipe": asdict(recipe), "log": log.entries})  # fmt: skip
+        save_model(
+            model,
+            processor,
+            out_dir,
+            {
+                "seed": seed,
+                "caption_steps": caption_steps,
+                "retrieval_steps": retrieval_steps,
+                "batch_size": batch_size,
+                "lr": lr,
+                "aux_weight": aux_weight,
+                "corruption": corruption,
+                "device": device,
+                "init_from": str(init_from) if init_from else None,
+                "recipe": asdict(recipe),
+                "log": log.entries,
+            },
+        )
     return {"model": model, "processor": processor, "log": log.entries}
 
 

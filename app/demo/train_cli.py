@@ -18,14 +18,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model directory")
     ap.add_argument("--steps", type=int, default=8000, help="total optimiser steps")
-    ap.add_argument("--caption-fraction", type=float, default=0.15,
-                    help="share of the steps spent on stage 1 (captioning)")  # fmt: skip
+    ap.add_argument(
+        "--caption-fraction",
+        type=float,
+        default=0.15,
+        help="share of the steps spent on stage 1 (captioning)",
+    )
     ap.add_argument("--batch-size", type=int, default=16, help="examples per step")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    ap.add_argument("--aux-weight", type=float, default=1.0,
-                    help="weight of the attention-mass loss (0 disables it)")  # fmt: skip
-    ap.add_argument("--corruption", type=float, default=1.0,
-                    help="scale of the label corruption Q (0: none)")  # fmt: skip
+    ap.add_argument(
+        "--aux-weight",
+        type=float,
+        default=1.0,
+        help="weight of the attention-mass loss (0 disables it)",
+    )
+    ap.add_argument(
+        "--corruption", type=float, default=1.0, help="scale of the label corruption Q (0: none)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0, help="seed of data and initialisation")
     ap.add_argument(

@@ -123,8 +123,9 @@ class ImagePool:
         self.combos = list(itertools.product(*world.ATTRIBUTES.values()))
         self.index = {c: i for i, c in enumerate(self.combos)}
         self.jitters = jitters
-        self.captions = [world.caption(dict(zip(world.ATTRIBUTE_NAMES, c, strict=True)))
-                         for c in self.combos]  # fmt: skip
+        self.captions = [
+            world.caption(dict(zip(world.ATTRIBUTE_NAMES, c, strict=True))) for c in self.combos
+        ]
         self.patches = torch.empty(0)
         self.grid = torch.empty(0)
 
@@ -164,12 +165,16 @@ class Encoder:
         self.image_pad = tok.convert_tokens_to_ids("<|image_pad|>")
         self.im_end = tok.convert_tokens_to_ids("<|im_end|>")
         self.head = tok.encode("<|im_start|>user\n", add_special_tokens=False)
-        self.image = tok.encode("<|vision_start|>" + "<|image_pad|>" * tokens_per_image
-                                + "<|vision_end|>", add_special_tokens=False)  # fmt: skip
+        self.image = tok.encode(
+            "<|vision_start|>" + "<|image_pad|>" * tokens_per_image + "<|vision_end|>",
+            add_special_tokens=False,
+        )
         self.tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         self.digits = [tok.convert_tokens_to_ids(str(i)) for i in range(1, 13)]
-        self.label_ids = {name: [tok.convert_tokens_to_ids(c) for c in resolve_labels(name, 12)]
-                          for name in SCHEMES}  # fmt: skip
+        self.label_ids = {
+            name: [tok.convert_tokens_to_ids(c) for c in resolve_labels(name, 12)]
+            for name in SCHEMES
+        }
 
     def caption_ids(self, text: str) -> list[int]:
         """ids of a caption on its own."""
@@ -206,9 +211,17 @@ def caption_batch(pool: ImagePool, encoder: Encoder, size: int, rng: np.random.G
     return TrainBatch(ids, labels, mm, pixels, pool.grid.repeat(size, 1))
 
 
-def retrieval_batch(pool: ImagePool, encoder: Encoder, size: int, n: int, hard: float,
-                    corruption: float, rng: np.random.Generator, scheme: str = "digits",
-                    corruption_shape: str = "edges") -> TrainBatch:  # fmt: skip
+def retrieval_batch(
+    pool: ImagePool,
+    encoder: Encoder,
+    size: int,
+    n: int,
+    hard: float,
+    corruption: float,
+    rng: np.random.Generator,
+    scheme: str = "digits",
+    corruption_shape: str = "edges",
+) -> TrainBatch:
     """Stage 2: N candidates + caption -> label; the answer drawn from Q(. | GT position)."""
     q = CORRUPTIONS[corruption_shape](n, corruption)
     labels = resolve_labels(scheme, n)
@@ -238,6 +251,14 @@ def retrieval_batch(pool: ImagePool, encoder: Encoder, size: int, n: int, hard: 
     head, block = len(encoder.head), len(encoder.image)
     spans = [(head + k * block, head + (k + 1) * block) for k in range(n)]
     pixels = pool.patches[picks].reshape(-1, pool.patches.shape[-1]).float()
-    return TrainBatch(ids, labels, mm, pixels, pool.grid.repeat(size * n, 1),
-                      query_position=len(prompt) - 1, caption_start=start,
-                      image_spans=spans, gt_spans=gts)  # fmt: skip
+    return TrainBatch(
+        ids,
+        labels,
+        mm,
+        pixels,
+        pool.grid.repeat(size * n, 1),
+        query_position=len(prompt) - 1,
+        caption_start=start,
+        image_spans=spans,
+        gt_spans=gts,
+    )

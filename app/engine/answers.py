@@ -41,9 +41,13 @@ def cot_prompt_text(query: str, labels: Sequence[str], template: str = DEFAULT_C
     labels = list(labels)
     range_phrase, noun = label_phrases(labels)
     return template.format(
-        n=len(labels), range=range_phrase, noun=noun, first=labels[0], last=labels[-1],
+        n=len(labels),
+        range=range_phrase,
+        noun=noun,
+        first=labels[0],
+        last=labels[-1],
         query=query,
-    )  # fmt: skip
+    )
 
 
 def _label_index(token: str, labels: Sequence[str]) -> int | None:

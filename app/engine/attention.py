@@ -203,10 +203,11 @@ def install_row_hooks(modules: Sequence[torch.nn.Module | None]) -> None:
             continue  # no softmax attention in this layer, or hooked already
         takes_flag = "output_attentions" in inspect.signature(module.forward).parameters
         handles = (
-            module.register_forward_pre_hook(_ask_for_weights(layer_idx, takes_flag),
-                                             with_kwargs=True),
+            module.register_forward_pre_hook(
+                _ask_for_weights(layer_idx, takes_flag), with_kwargs=True
+            ),
             module.register_forward_hook(_keep_row_and_drop(layer_idx)),
-        )  # fmt: skip
+        )
         setattr(module, _HOOKED, handles)
 
 
@@ -276,15 +277,20 @@ def eager_attentions(
 
 
 def span_mass(
-    attentions: Sequence[torch.Tensor], row: int, t_q: int, layers: Sequence[int],
+    attentions: Sequence[torch.Tensor],
+    row: int,
+    t_q: int,
+    layers: Sequence[int],
     spans: Sequence[tuple[int, int]],
 ) -> np.ndarray:
     """(|Λ|, N) a_k^(l) of §2.2 from full attention matrices: the head-mean attention of
     position ``t_q`` of ``row``, summed over each image span."""
-    return np.array([
-        [float(attentions[layer][row, :, t_q, s:e].double().mean(0).sum()) for s, e in spans]
-        for layer in layers
-    ])  # fmt: skip
+    return np.array(
+        [
+            [float(attentions[layer][row, :, t_q, s:e].double().mean(0).sum()) for s, e in spans]
+            for layer in layers
+        ]
+    )
 
 
 def default_layers(

@@ -213,8 +213,8 @@ class Batcher(Generic[T, R]):
             for pending, result in zip(batch, results, strict=True):
                 _resolve(pending, result, None)
         elapsed = time.perf_counter() - started
-        self._mean_batch_s = elapsed if not self.batches_run else (
-            0.8 * self._mean_batch_s + 0.2 * elapsed
+        self._mean_batch_s = (
+            elapsed if not self.batches_run else (0.8 * self._mean_batch_s + 0.2 * elapsed)
         )
         self.batches_run += 1
 

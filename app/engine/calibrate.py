@@ -123,8 +123,9 @@ class CalibrationStats:
             raise ValueError(f"gt_positions must lie in 0..{n - 1}")
         row_sums = np.zeros((n, n))
         np.add.at(row_sums, gt, s)
-        return cls(row_sums, np.bincount(gt, minlength=n).astype(np.int64), a.sum(axis=0),
-                   int(a.shape[0]))  # fmt: skip
+        return cls(
+            row_sums, np.bincount(gt, minlength=n).astype(np.int64), a.sum(axis=0), int(a.shape[0])
+        )
 
     @property
     def n(self) -> int:
@@ -132,9 +133,11 @@ class CalibrationStats:
 
     def __add__(self, other: CalibrationStats) -> CalibrationStats:
         return CalibrationStats(
-            self.row_sums + other.row_sums, self.row_counts + other.row_counts,
-            self.prior_sums + other.prior_sums, self.prior_count + other.prior_count,
-        )  # fmt: skip
+            self.row_sums + other.row_sums,
+            self.row_counts + other.row_counts,
+            self.prior_sums + other.prior_sums,
+            self.prior_count + other.prior_count,
+        )
 
     def observed_matrix(self) -> np.ndarray:
         """Lobs (N, N); every row needs at least one instance."""
@@ -149,9 +152,11 @@ class CalibrationStats:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON lists (what a profile stores)."""
         return {
-            "row_sums": self.row_sums.tolist(), "row_counts": self.row_counts.tolist(),
-            "prior_sums": self.prior_sums.tolist(), "prior_count": int(self.prior_count),
-        }  # fmt: skip
+            "row_sums": self.row_sums.tolist(),
+            "row_counts": self.row_counts.tolist(),
+            "prior_sums": self.prior_sums.tolist(),
+            "prior_count": int(self.prior_count),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationStats:

@@ -23,9 +23,13 @@ DIAGNOSTIC_METHODS = ("vanilla", "attn_pure", "agd")
 
 
 def accuracy_with(
-    calibration: Any, scores: Any, attention: Any, answers: Any, config: MethodConfig,
+    calibration: Any,
+    scores: Any,
+    attention: Any,
+    answers: Any,
+    config: MethodConfig,
     methods: tuple[str, ...] = DIAGNOSTIC_METHODS,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """Accuracy per method of one calibration on instances (R, N), (R, |Λ|, N), (R,)."""
     s, a = np.asarray(scores, dtype=np.float64), np.asarray(attention, dtype=np.float64)
     t = np.asarray(answers, dtype=np.int64)
@@ -37,28 +41,39 @@ def accuracy_with(
 
 
 def calibration_diagnostics(
-    scores: Any, attention: Any, gt_positions: Any, n: int, config: MethodConfig,
-    *, bootstrap: int = 200, seed: int = 0,
-) -> dict[str, Any]:  # fmt: skip
+    scores: Any,
+    attention: Any,
+    gt_positions: Any,
+    n: int,
+    config: MethodConfig,
+    *,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Diagnostics of a calibration from its rotated instances (example m = rows m·N..m·N+N-1)."""
     s = np.asarray(scores, dtype=np.float64)
     a = np.asarray(attention, dtype=np.float64)
     gt = np.asarray(gt_positions, dtype=np.int64)
     m = s.shape[0] // n
     per_example = [
-        CalibrationStats.from_evidence(s[i * n:(i + 1) * n], a[i * n:(i + 1) * n],
-                                       gt[i * n:(i + 1) * n])
+        CalibrationStats.from_evidence(
+            s[i * n : (i + 1) * n], a[i * n : (i + 1) * n], gt[i * n : (i + 1) * n]
+        )
         for i in range(m)
-    ]  # fmt: skip
+    ]
     total = sum(per_example[1:], per_example[0])
     result: dict[str, Any] = {"num_examples": m, "instances": int(s.shape[0])}
     if m >= 2:
         correct = dict.fromkeys(DIAGNOSTIC_METHODS, 0.0)
         for i, own in enumerate(per_example):
-            rest = estimate_from_stats(CalibrationStats(
-                total.row_sums - own.row_sums, total.row_counts - own.row_counts,
-                total.prior_sums - own.prior_sums, total.prior_count - own.prior_count,
-            ))  # fmt: skip
+            rest = estimate_from_stats(
+                CalibrationStats(
+                    total.row_sums - own.row_sums,
+                    total.row_counts - own.row_counts,
+                    total.prior_sums - own.prior_sums,
+                    total.prior_count - own.prior_count,
+                )
+            )
             rows = slice(i * n, (i + 1) * n)
             for method, acc in accuracy_with(rest, s[rows], a[rows], gt[rows], config).items():
                 correct[method] += acc * n
@@ -73,9 +88,11 @@ def calibration_diagnostics(
         samples.append(estimate_from_stats(stats).bias_matrix)
     if samples:
         std = np.std(np.stack(samples), axis=0, ddof=1)
-        result["bias_bootstrap_std"] = {"mean": round(float(std.mean()), 4),
-                                        "max": round(float(std.max()), 4),
-                                        "samples": len(samples)}  # fmt: skip
+        result["bias_bootstrap_std"] = {
+            "mean": round(float(std.mean()), 4),
+            "max": round(float(std.max()), 4),
+            "samples": len(samples),
+        }
     else:
         result["bias_bootstrap_std"] = None
     return result

@@ -79,9 +79,12 @@ def generate_answers(
     torch.manual_seed(seed)
     with torch.inference_mode(), explicit_generation(runner.model):
         out = runner.model.generate(
-            **kwargs, num_return_sequences=samples, eos_token_id=end,
-            pad_token_id=end if pad is None else pad, **settings,
-        )  # fmt: skip
+            **kwargs,
+            num_return_sequences=samples,
+            eos_token_id=end,
+            pad_token_id=end if pad is None else pad,
+            **settings,
+        )
     new = out[:, batch.input_ids.shape[1] :]
     elapsed = (time.perf_counter() - start) * 1e3
     lengths = _lengths(new, end)
@@ -110,9 +113,13 @@ def decoding_settings(
     if temperature <= 0:  # greedy: the sampling filters do not apply
         return {"do_sample": False, "max_new_tokens": int(max_new_tokens), "num_beams": 1}
     return {
-        "do_sample": True, "temperature": float(temperature), "top_k": int(top_k),
-        "top_p": float(top_p), "max_new_tokens": int(max_new_tokens), "num_beams": 1,
-    }  # fmt: skip
+        "do_sample": True,
+        "temperature": float(temperature),
+        "top_k": int(top_k),
+        "top_p": float(top_p),
+        "max_new_tokens": int(max_new_tokens),
+        "num_beams": 1,
+    }
 
 
 @contextmanager

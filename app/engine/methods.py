@@ -97,14 +97,18 @@ def _posterior(attention: Any, calibration: Calibration, config: MethodConfig) -
     (without the prior division there is nothing for a sink layer to blow up: no guard)."""
     prior = np.asarray(calibration.attention_prior, dtype=np.float64)
     return debias.attention_posterior(
-        attention, prior if config.use_prior else np.ones_like(prior), top_k=config.top_k,
-        tau=config.tau, variant=config.posterior_variant,
+        attention,
+        prior if config.use_prior else np.ones_like(prior),
+        top_k=config.top_k,
+        tau=config.tau,
+        variant=config.posterior_variant,
         layer_mask=calibration.allowed_layers(config.sink_guard and config.use_prior),
-    )  # fmt: skip
+    )
 
 
-def _perm_avg(scores: np.ndarray, rotated_scores: Sequence[Any] | None,
-              orders: Sequence[Sequence[int]] | None) -> MethodOutput:  # fmt: skip
+def _perm_avg(
+    scores: np.ndarray, rotated_scores: Sequence[Any] | None, orders: Sequence[Sequence[int]] | None
+) -> MethodOutput:
     """Scores of the N rotations (or of ``orders``) mapped back to image identity and
     averaged (§2.5)."""
     if rotated_scores is None:

@@ -33,8 +33,9 @@ def online_stats(snap: FeedbackSnapshot, prior: str = "feedback") -> Calibration
     if prior not in PRIOR_SOURCES:
         raise ValueError(f"unknown prior source {prior!r}; use one of {PRIOR_SOURCES}")
     if prior == "served":
-        return CalibrationStats(snap.row_sums, snap.row_counts, snap.unlabelled_prior_sums,
-                                snap.unlabelled_count)  # fmt: skip
+        return CalibrationStats(
+            snap.row_sums, snap.row_counts, snap.unlabelled_prior_sums, snap.unlabelled_count
+        )
     return CalibrationStats(snap.row_sums, snap.row_counts, snap.prior_sums, snap.prior_count)
 
 
@@ -55,14 +56,19 @@ class RefreshOutcome:
 
 
 def _stacked(held: HeldOut) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (np.stack([h[0] for h in held]), np.stack([h[1] for h in held]),
-            np.array([h[2] for h in held]))  # fmt: skip
+    return (
+        np.stack([h[0] for h in held]),
+        np.stack([h[1] for h in held]),
+        np.array([h[2] for h in held]),
+    )
 
 
 def held_out_accuracy(
-    calibration: Calibration, held: HeldOut, config: MethodConfig,
+    calibration: Calibration,
+    held: HeldOut,
+    config: MethodConfig,
     methods: tuple[str, ...] = (GUARD_METHOD,),
-) -> dict[str, float] | None:  # fmt: skip
+) -> dict[str, float] | None:
     """Accuracy per method on held-out feedback (None when there is none)."""
     if not held:
         return None
@@ -96,13 +102,28 @@ def refresh_calibration(
     if force:
         go, reason = True, "forced by the operator (force=true): the guard was skipped"
     elif n < min_holdout:
-        go, reason = False, (f"only {n} held-out feedback instance(s); the guard needs "
-                             f"{min_holdout} (LAD_REFRESH_MIN_HOLDOUT)")  # fmt: skip
+        go, reason = (
+            False,
+            (
+                f"only {n} held-out feedback instance(s); the guard needs "
+                f"{min_holdout} (LAD_REFRESH_MIN_HOLDOUT)"
+            ),
+        )
     elif acc_new is not None and acc_live is not None and acc_new >= acc_live:
-        go, reason = True, (f"held-out {GUARD_METHOD} accuracy {acc_new:.3f} >= live "
-                            f"{acc_live:.3f} on {n} instances")  # fmt: skip
+        go, reason = (
+            True,
+            (
+                f"held-out {GUARD_METHOD} accuracy {acc_new:.3f} >= live "
+                f"{acc_live:.3f} on {n} instances"
+            ),
+        )
     else:
-        go, reason = False, (f"would lose accuracy: held-out {GUARD_METHOD} accuracy "
-                             f"{acc_new:.3f} < live {acc_live:.3f} on {n} instances")  # fmt: skip
+        go, reason = (
+            False,
+            (
+                f"would lose accuracy: held-out {GUARD_METHOD} accuracy "
+                f"{acc_new:.3f} < live {acc_live:.3f} on {n} instances"
+            ),
+        )
     trusted = [int(t) for t in np.flatnonzero(feedback.row_counts >= max(1, min_row_count))]
     return RefreshOutcome(new, go, reason, acc_live, acc_new, n, trusted, by_method)

@@ -41,6 +41,7 @@ from app.engine.attention import (
     default_layers,
     enable_capture,
 )
+from app.engine.head import install_label_head, label_head
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.labels import LabelSpec, resolve_labels, scheme_name
 from app.engine.prompts import prompt_hash, prompt_text
@@ -123,9 +124,10 @@ def folded_scoring(
 ) -> tuple[torch.Tensor, StepFn]:
     """Root logits (B, V) and a ``step`` that looks up chain-prefix logits; no forward.
 
-    ``logits`` (B, D + 1, V) are the kept last D + 1 columns of the folded forward:
-    row r's t_q is kept column D - d_r and the logits after its chain prefix of
-    length k are at column D - d_r + k. ``step`` only serves prefixes of the chain.
+    ``logits`` (B, D + 1, V) (V: the columns the head computed, ``app.engine.head``) are
+    the kept last D + 1 positions of the folded forward: row r's t_q is kept column
+    D - d_r and the logits after its chain prefix of length k are at column D - d_r + k.
+    ``step`` only serves prefixes of the chain.
     """
     depth = logits.shape[1] - 1
     offsets = torch.tensor([depth - len(c) for c in chains], dtype=torch.long)
@@ -143,6 +145,11 @@ def folded_scoring(
         return logits[rows.to(logits.device), cols]
 
     return root, step
+
+
+def _choice_tokens(tries: Sequence[LabelTrie]) -> frozenset[int]:
+    """The tokens whose logits the scoring of ``tries`` reads (the label head's rows)."""
+    return frozenset().union(*(t.choice_tokens for t in tries))
 
 
 class Runner:
@@ -174,8 +181,9 @@ class Runner:
         eligible = self.adapter.attention_layers()  # the capture is asked for no other layer
         chosen = (
             default_layers(self.num_layers, attention_layers=eligible)
-            if layers is None else tuple(layers)
-        )  # fmt: skip
+            if layers is None
+            else tuple(layers)
+        )
         if not chosen or any(int(layer) not in eligible for layer in chosen):
             every = eligible == tuple(range(self.num_layers))
             shown = f"0..{self.num_layers - 1}" if every else ", ".join(map(str, eligible))
@@ -185,6 +193,7 @@ class Runner:
             )
         self.layers: tuple[int, ...] = tuple(sorted({int(layer) for layer in chosen}))
         enable_capture(self.model, self.adapter)
+        install_label_head(self.model)
         self._lock = threading.Lock()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
         self._fold_chains = True  # False forces the cached-step path (tests compare both)
@@ -320,10 +329,11 @@ class Runner:
             batch = self.process(items, labels)
             processed = time.perf_counter()
             chains = [chain_path(t) for t in tries]
-            if self._fold_chains and all(c is not None for c in chains):
-                self._folded_forward(batch, chains, record=False)
-            else:
-                self._prompt_forward(batch, tries, record=False)
+            with label_head(_choice_tokens(tries)):
+                if self._fold_chains and all(c is not None for c in chains):
+                    self._folded_forward(batch, chains, record=False)
+                else:
+                    self._prompt_forward(batch, tries, record=False)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             done = time.perf_counter()
@@ -335,24 +345,31 @@ class Runner:
         """Forward and score a processed batch, row r with ``tries[r]`` (any mix of schemes).
 
         Folds when every row's trie branches along one chain (and ``_fold_chains``),
-        else runs the prompt forward plus cached steps. The caller holds the lock.
+        else runs the prompt forward plus cached steps. Every model call computes the
+        logits of the labels' tokens only (``app.engine.head``). The caller holds the lock.
         """
         start = time.perf_counter() if start is None else start
         chains = [chain_path(t) for t in tries]
         fold = self._fold_chains and all(c is not None for c in chains)
-        with torch.inference_mode():
+        with torch.inference_mode(), label_head(_choice_tokens(tries)) as head:
             if fold:
                 logits, attention, batch_chains = self._folded_forward(batch, chains)
             else:
                 logits, attention, cache = self._prompt_forward(batch, tries)
+            logits = head.take(logits)
             forward_ms = (time.perf_counter() - start) * 1e3
 
             start = time.perf_counter()
             if fold:
                 root, step = folded_scoring(logits, batch_chains)
             else:
-                root, step = logits[:, -1, :], self._cached_step(batch, cache)
-            scores = score_label_tries(tries, root, step)
+                cached = self._cached_step(batch, cache)
+                root = logits[:, -1, :]
+
+                def step(rows: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+                    return head.take(cached(rows, paths))
+
+            scores = score_label_tries(tries, root, step, head.columns)
             score_ms = (time.perf_counter() - start) * 1e3
         return ForwardResult(
             scores=[np.asarray(s, dtype=np.float64) for s in scores],
@@ -361,7 +378,10 @@ class Runner:
         )
 
     def _capture_forward(
-        self, batch: PromptBatch, query_index: torch.Tensor | None, record: bool = True,
+        self,
+        batch: PromptBatch,
+        query_index: torch.Tensor | None,
+        record: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, list[np.ndarray]]:
         """The one prompt forward with the t_q rows of Λ captured; returns (output, a).

@@ -14,7 +14,7 @@ arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,19 +144,26 @@ class LabelTrie:
     def max_depth(self) -> int:
         return max(len(s) for s in self.token_sequences)
 
+    @property
+    def choice_tokens(self) -> frozenset[int]:
+        """Every token a branching node normalises over: the only logits scoring reads."""
+        return frozenset(t for node in self.nodes if node.is_branching for t in node.choices)
+
 
 # ---------------------------------------------------------------- batched scoring
 
 
 def _restricted_log_softmax(
-    logits: torch.Tensor, choices: Sequence[Sequence[int]]
+    logits: torch.Tensor, choices: Sequence[Sequence[int]], columns: Mapping[int, int] | None
 ) -> list[np.ndarray]:
-    """Row r: float64 log-softmax of logits[r] over the token ids choices[r] only."""
+    """Row r: float64 log-softmax of logits[r] over the token ids choices[r] only; token t
+    is column ``columns[t]`` of ``logits`` (column t when ``columns`` is None)."""
     width = max(len(c) for c in choices)
     index = torch.zeros((len(choices), width), dtype=torch.long)
     valid = torch.zeros((len(choices), width), dtype=torch.bool)
     for r, c in enumerate(choices):
-        index[r, : len(c)] = torch.tensor(c, dtype=torch.long)
+        cols = c if columns is None else [columns[t] for t in c]
+        index[r, : len(c)] = torch.tensor(cols, dtype=torch.long)
         valid[r, : len(c)] = True
     picked = logits.gather(1, index.to(logits.device)).to(device="cpu", dtype=torch.float64)
     picked = picked.masked_fill(~valid, float("-inf"))
@@ -165,15 +172,20 @@ def _restricted_log_softmax(
 
 
 def score_label_tries(
-    tries: Sequence[LabelTrie], root_logits: torch.Tensor, step: StepFn
+    tries: Sequence[LabelTrie],
+    root_logits: torch.Tensor,
+    step: StepFn,
+    columns: Mapping[int, int] | None = None,
 ) -> list[np.ndarray]:
     """Restricted label scores s (N_i,) float64 per batch row, in label order.
 
     ``root_logits`` (B, V) are the next-token logits at each row's last prompt
-    position; ``tries[i]`` is row i's label trie. Depth 0 is scored from
-    ``root_logits``; every deeper depth that has a branching node in any row costs
-    exactly one ``step`` call covering all rows' nodes at that depth (nodes with a
-    single choice have log-prob 0 and are skipped). Each row satisfies
+    position; ``tries[i]`` is row i's label trie. With ``columns``, the root and step
+    logits hold some tokens only, token t in column ``columns[t]`` (every token of the
+    tries' ``choice_tokens`` needs one). Depth 0 is scored from ``root_logits``; every
+    deeper depth that has a branching node in any row costs exactly one ``step`` call
+    covering all rows' nodes at that depth (nodes with a single choice have log-prob 0
+    and are skipped). Each row satisfies
     sum_j exp(s_j) = 1.
     """
     if root_logits.ndim != 2 or root_logits.shape[0] != len(tries):
@@ -197,7 +209,8 @@ def score_label_tries(
             logits = step(rows.to(root_logits.device), paths.to(root_logits.device))
             if logits.shape[0] != len(requests):
                 raise ValueError(f"step returned {logits.shape[0]} rows for {len(requests)} paths")
-        for (i, k), logp in zip(requests, _restricted_log_softmax(logits, choices), strict=True):
+        logps = _restricted_log_softmax(logits, choices, columns)
+        for (i, k), logp in zip(requests, logps, strict=True):
             node_logp[i][k] = logp
     scores = []
     for i, trie in enumerate(tries):

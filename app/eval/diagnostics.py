@@ -67,9 +67,10 @@ def diagnostics(group: Group, calibration: Mapping[str, Any] | None) -> dict[str
             "kappa": kappa,
             "score_range": spread["mean_range"],
             "score_std": spread["mean_std"],
-            "kappa_over_range": None if kappa is None or spread["mean_range"] == 0
+            "kappa_over_range": None
+            if kappa is None or spread["mean_range"] == 0
             else kappa / spread["mean_range"],
-        }  # fmt: skip
+        }
     return out
 
 

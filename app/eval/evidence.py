@@ -31,9 +31,15 @@ from app.eval.records import make_record
 GENERATION_METHODS: tuple[str, ...] = ("cot", "self_consistency")
 PROMPT_METHODS: tuple[str, ...] = ("instruction",)
 EVAL_METHODS: tuple[str, ...] = (
-    "vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg", *PROMPT_METHODS,
+    "vanilla",
+    "pride",
+    "attn_raw",
+    "attn_pure",
+    "agd",
+    "perm_avg",
+    *PROMPT_METHODS,
     *GENERATION_METHODS,
-)  # fmt: skip
+)
 """Every method ``lad eval`` runs: the engine's METHODS plus the prompt baselines."""
 assert set(METHODS) <= set(EVAL_METHODS)
 
@@ -94,16 +100,21 @@ def calibrate(
     instances, gt = calibration_instances([(i.query, i.images, i.answer) for i in items])
     scores, attention, _ = forward(runner, instances, options, tick)
     evidence = {
-        "items": [i.id for i in items], "scores": scores.tolist(),
-        "attention": attention.tolist(), "gt_positions": gt.tolist(),
-    }  # fmt: skip
+        "items": [i.id for i in items],
+        "scores": scores.tolist(),
+        "attention": attention.tolist(),
+        "gt_positions": gt.tolist(),
+    }
     remote = getattr(runner, "service_calibration", None)
     if remote is not None:  # --url: the service's own /v1/calibrate decides B and P
-        examples = [(i.query, [prepare_image(im, options) for im in i.images], i.answer)
-                    for i in items]  # fmt: skip
+        examples = [
+            (i.query, [prepare_image(im, options) for im in i.images], i.answer) for i in items
+        ]
         calibration = remote(examples, options.labels)
-        evidence["service"] = {"bias_matrix": calibration.bias_matrix.tolist(),
-                               "attention_prior": calibration.attention_prior.tolist()}  # fmt: skip
+        evidence["service"] = {
+            "bias_matrix": calibration.bias_matrix.tolist(),
+            "attention_prior": calibration.attention_prior.tolist(),
+        }
         return calibration, evidence
     return estimate_calibration(scores, attention, gt), evidence
 
@@ -133,21 +144,39 @@ class Run:
                 out.append((item.query, shown if then is None else apply_ordering(shown, then)))
         return out
 
-    def add(self, method: str, probabilities: np.ndarray, passes_: int, ms: np.ndarray,
-            predicted: Sequence[int | None] | None = None,
-            generations: Sequence[dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def add(
+        self,
+        method: str,
+        probabilities: np.ndarray,
+        passes_: int,
+        ms: np.ndarray,
+        predicted: Sequence[int | None] | None = None,
+        generations: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
         """Records of ``method`` for every (item, ordering), in ``instances()`` order."""
         t = self.orderings.shape[1]
         gt = self.gt.ravel()
         for r, p in enumerate(probabilities):
             i, o = divmod(r, t)
             pred = int(np.argmax(p)) if predicted is None else predicted[r]
-            self.records.append(self._images(i, o) | make_record(
-                item=self.items[i].id, n=self.n, setting=self.setting, dataset=self.dataset,
-                ordering=o, order=self.orderings[i, o], method=method, gt_position=gt[r],
-                probabilities=p, predicted_position=pred, forward_passes=passes_,
-                latency_ms=ms[r], generation=None if generations is None else generations[r],
-            ))  # fmt: skip
+            self.records.append(
+                self._images(i, o)
+                | make_record(
+                    item=self.items[i].id,
+                    n=self.n,
+                    setting=self.setting,
+                    dataset=self.dataset,
+                    ordering=o,
+                    order=self.orderings[i, o],
+                    method=method,
+                    gt_position=gt[r],
+                    probabilities=p,
+                    predicted_position=pred,
+                    forward_passes=passes_,
+                    latency_ms=ms[r],
+                    generation=None if generations is None else generations[r],
+                )
+            )
 
     def _images(self, i: int, o: int) -> dict[str, Any]:
         """``images``: the file names in the order shown, when the candidates are files."""
@@ -157,8 +186,14 @@ class Run:
         return {}
 
 
-def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequence[str],
-                  options: Options, tick: Tick) -> None:  # fmt: skip
+def score_methods(
+    runner: Any,
+    run: Run,
+    calibration: Calibration,
+    methods: Sequence[str],
+    options: Options,
+    tick: Tick,
+) -> None:
     """Every engine method of ``methods`` on the run's instances (one shared forward)."""
     if not any(m in METHODS for m in methods):
         return
@@ -172,10 +207,14 @@ def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequ
     for method in (m for m in EVAL_METHODS if m in methods and m in METHODS):
         began = time.perf_counter()
         out = apply_method(
-            method, scores, attention, calibration, options.config,
+            method,
+            scores,
+            attention,
+            calibration,
+            options.config,
             rotated_scores=None if rotated is None else np.stack(rotated, axis=1),
             orders=orders.tolist(),
-        )  # fmt: skip
+        )
         method_ms = (time.perf_counter() - began) * 1e3 / len(scores)
         cost_passes = len(orders) if method in MULTI_PASS else passes(method, run.n)
         run.add(method, out.probabilities, cost_passes, ms * cost_passes + method_ms)
@@ -183,8 +222,9 @@ def score_methods(runner: Any, run: Run, calibration: Calibration, methods: Sequ
 
 def perm_avg_orders(n: int, options: Options) -> np.ndarray:
     """(K, N): the orders perm_avg averages over, identity first (default: the N rotations)."""
-    orders = np.asarray(debias.rotations(n) if options.perm_orders is None
-                        else options.perm_orders, dtype=np.int64)  # fmt: skip
+    orders = np.asarray(
+        debias.rotations(n) if options.perm_orders is None else options.perm_orders, dtype=np.int64
+    )
     if orders.shape[1:] != (n,) or list(orders[0]) != list(range(n)):
         raise ValueError(f"perm_avg orders must be (K, {n}) with the identity first")
     return orders
@@ -194,8 +234,13 @@ def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
     """The instruction prompt (DESIGN §2.6) on the same model: vanilla's argmax s."""
     from app.engine.runner import Runner
 
-    other = Runner(runner.adapter, model_id=runner.model_id, revision=runner.revision,
-                   layers=runner.layers, prompt_variant="instruction")  # fmt: skip
+    other = Runner(
+        runner.adapter,
+        model_id=runner.model_id,
+        revision=runner.revision,
+        layers=runner.layers,
+        prompt_variant="instruction",
+    )
     scores, _, ms = forward(other, run.instances(), options, tick)
     run.add("instruction", debias.softmax(scores), 1, ms)
 
@@ -214,16 +259,24 @@ def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick)
     for start in range(0, len(instances), options.batch_size):
         chunk = instances[start : start + options.batch_size]
         outs = generate_answers(
-            runner, _items(chunk, options), options.labels, template=g_spec.prompt,
-            samples=g_spec.samples, temperature=g_spec.temperature if g_spec.do_sample else 0.0,
-            max_new_tokens=g_spec.max_new_tokens, top_k=g_spec.top_k, top_p=g_spec.top_p,
+            runner,
+            _items(chunk, options),
+            options.labels,
+            template=g_spec.prompt,
+            samples=g_spec.samples,
+            temperature=g_spec.temperature if g_spec.do_sample else 0.0,
+            max_new_tokens=g_spec.max_new_tokens,
+            top_k=g_spec.top_k,
+            top_p=g_spec.top_p,
             seed=options.generation_seed + start,
-        )  # fmt: skip
+        )
         for g in outs:
             answers = g.answers
             if g_spec.parser == "paper":
-                answers = [parse_answer_paper(t, labels, answer_is=method == "self_consistency")
-                           for t in g.texts]  # fmt: skip
+                answers = [
+                    parse_answer_paper(t, labels, answer_is=method == "self_consistency")
+                    for t in g.texts
+                ]
             winner, shares = majority_vote(answers, run.n)
             if winner is None and g_spec.no_vote == "first":  # the authors answer "1"
                 winner = 0
@@ -240,8 +293,9 @@ def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick)
         record["forward_passes"] = int(passes_)
 
 
-def planned_forwards(methods: Sequence[str], n: int, instances: int, calibration: int,
-                     perm_orders: int | None = None) -> int:  # fmt: skip
+def planned_forwards(
+    methods: Sequence[str], n: int, instances: int, calibration: int, perm_orders: int | None = None
+) -> int:
     """Instances the progress bar counts for one run (forwards, or generations);
     ``perm_orders``: K orders of perm_avg (default N)."""
     total = calibration * n + (instances if any(m in METHODS for m in methods) else 0)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from app.engine.methods import MethodConfig
 from app.eval import plots, report
+from app.eval.config import EvalConfig
 from app.eval.datasets import DEFAULT_SETTINGS, Dataset, check_disjoint, open_dataset
 from app.eval.evidence import (
     GENERATION_METHODS,
@@ -29,119 +28,10 @@ from app.eval.evidence import (
     score_methods,
 )
 from app.eval.metrics import compute_metrics
-from app.eval.paper import PERM_AVG_STREAM, ProtocolSpec, random_orders, shared_orderings, spec
-from app.eval.protocol import balanced_count, item_orderings
+from app.eval.paper import PERM_AVG_STREAM, random_orders, shared_orderings, spec
+from app.eval.protocol import item_orderings
 from app.eval.protocol_record import protocol_entry, tile_budget, write_protocol
 from app.eval.records import run_key, write_records
-from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
-
-DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg")
-
-
-SECRET_FLAGS = frozenset({"token", "admin_token"})
-
-
-@dataclass
-class EvalConfig:
-    """Every flag of ``lad eval`` (see ``app.eval.cli`` for their help)."""
-
-    out: Path
-    model: str = "demo"
-    dataset: str = "synthetic"
-    data: Path | None = None
-    images: Path | None = None
-    instances: Path | None = None
-    clip: Path | None = None
-    cache_dir: Path = Path("var/cache")
-    settings: list[str] | None = None
-    ns: list[int] = field(default_factory=lambda: [4])
-    protocol: str = "ours"
-    dry_run: bool = False
-    items: int = 200
-    orderings: int | None = None
-    calibration: int = 5
-    eval_seed: int | None = None
-    calibration_seed: int | None = None
-    ordering_seed: int = 0
-    calibration_setting: str | None = None
-    calibration_dataset: str | None = None
-    calibration_data: Path | None = None
-    calibration_images: Path | None = None
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
-    labels: str = "digits"
-    prompt_variant: str = "vanilla"
-    layers: list[int] | None = None
-    top_k: int = MethodConfig.top_k
-    tau: float = MethodConfig.tau
-    posterior_variant: str = MethodConfig.posterior_variant
-    mixture: str = MethodConfig.mixture
-    no_prior: bool = False
-    item_seeds: list[int] | None = None
-    url: str | None = None
-    concurrency: int = 8
-    token: str | None = None
-    admin_token: str | None = None
-    zero_bias: bool = False
-    all_layers: bool = False
-    sink_guard: bool = MethodConfig.sink_guard
-    batch_size: int = 16
-    threads: int | None = 1
-    samples: int | None = None
-    temperature: float | None = None
-    sc_top_k: int | None = None
-    generation_seed: int = 0
-    cot_prompt: str | None = None
-    cot_max_new_tokens: int | None = None
-    sc_max_new_tokens: int | None = None
-    bootstrap: int = BOOTSTRAP_SAMPLES
-    bootstrap_seed: int = BOOTSTRAP_SEED
-    progress: bool = True
-    command: str = ""
-    # streaming mode (app.eval.stream)
-    stream: bool = False
-    feedback_rate: float = 0.3
-    window: int = 100
-    refresh_every: int = 50
-    min_row_count: int = 20
-    min_holdout: int = 20
-    drift_prompt_variant: str | None = None
-    prior_from: str = "feedback"
-
-    def method_config(self) -> MethodConfig:
-        return MethodConfig(
-            top_k=self.top_k, tau=self.tau, posterior_variant=self.posterior_variant,
-            mixture=self.mixture, sink_guard=self.sink_guard, use_prior=not self.no_prior,
-        )  # fmt: skip
-
-    def to_dict(self) -> dict[str, Any]:
-        """The flags for metrics.json (the tokens of --url never)."""
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()
-                if k not in SECRET_FLAGS}  # fmt: skip
-
-    def protocol_spec(self) -> ProtocolSpec:
-        """The protocol's settings with the flags that override them (None: keep)."""
-        base = spec(self.protocol)
-
-        def fill(g: Any, **values: Any) -> Any:
-            return replace(g, **{k: v for k, v in values.items() if v is not None})
-
-        return replace(
-            base,
-            cot=fill(base.cot, prompt=self.cot_prompt, max_new_tokens=self.cot_max_new_tokens),
-            self_consistency=fill(
-                base.self_consistency, prompt=self.cot_prompt, samples=self.samples,
-                max_new_tokens=self.sc_max_new_tokens, temperature=self.temperature,
-                top_k=self.sc_top_k,
-            ),
-        )  # fmt: skip
-
-    def ordering_count(self, n: int) -> int:
-        """T actually used at N: balanced (a multiple of N) or the shared count (<= N!)."""
-        p = spec(self.protocol)
-        t = p.default_orderings if self.orderings is None else self.orderings
-        if p.orderings == "balanced":
-            return balanced_count(t, n)
-        return len(random_orders(n, t, self.ordering_seed))
 
 
 def _default_seeds(name: str) -> tuple[int, int]:
@@ -156,25 +46,37 @@ def _default_seeds(name: str) -> tuple[int, int]:
 def _datasets(runner: Any, config: EvalConfig) -> tuple[Dataset, Dataset]:
     from app.eval.datasets.synthetic import image_size_for
 
-    common = {"clip": config.clip, "cache_dir": config.cache_dir,
-              "image_size": image_size_for(runner),
-              "negatives": spec(config.protocol).negatives}  # fmt: skip
-    main = open_dataset(config.dataset, data=config.data, images=config.images,
-                        instances=config.instances, **common)  # fmt: skip
+    common = {
+        "clip": config.clip,
+        "cache_dir": config.cache_dir,
+        "image_size": image_size_for(runner),
+        "negatives": spec(config.protocol).negatives,
+    }
+    main = open_dataset(
+        config.dataset, data=config.data, images=config.images, instances=config.instances, **common
+    )
     if config.calibration_dataset is None and config.calibration_data is None:
         return main, main
     other = open_dataset(
         config.calibration_dataset or config.dataset,
-        data=config.calibration_data, images=config.calibration_images, **common,
-    )  # fmt: skip
+        data=config.calibration_data,
+        images=config.calibration_images,
+        **common,
+    )
     return main, other
 
 
 def _progress(config: EvalConfig, total: int, label: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="inst", file=sys.stderr,
-                disable=not config.progress, dynamic_ncols=True)  # fmt: skip
+    return tqdm(
+        total=total,
+        desc=label,
+        unit="inst",
+        file=sys.stderr,
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
 
 
 @dataclass
@@ -191,8 +93,9 @@ class RunPlan:
     calibration_dataset: str
 
 
-def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
-             setting: str) -> RunPlan:  # fmt: skip
+def plan_run(
+    config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int, setting: str
+) -> RunPlan:
     """Draw the items and calibration items, and fix the orderings and options of one run."""
     main, other = datasets
     eval_seed, calibration_seed = config.eval_seed, config.calibration_seed
@@ -202,8 +105,13 @@ def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
     if len(items) < config.items:
         print(f"lad eval: only {len(items)} items with N={n} in {main.name}", file=sys.stderr)
     calibration_setting = config.calibration_setting or setting
-    calibration_items = other.items(config.calibration, n, calibration_setting, calibration_seed,
-                                    exclude=frozenset(i.key for i in items))  # fmt: skip
+    calibration_items = other.items(
+        config.calibration,
+        n,
+        calibration_setting,
+        calibration_seed,
+        exclude=frozenset(i.key for i in items),
+    )
     check_disjoint(items, calibration_items)
     if len(calibration_items) < config.calibration:
         raise ValueError(f"only {len(calibration_items)} calibration items outside the eval items")
@@ -217,16 +125,23 @@ def plan_run(config: EvalConfig, datasets: tuple[Dataset, Dataset], n: int,
     if p.perm_avg == "random":
         perm_orders = random_orders(n, p.perm_avg_orders, config.ordering_seed, PERM_AVG_STREAM)
     options = Options(
-        labels=config.labels, batch_size=config.batch_size, config=config.method_config(),
-        image_size=p.image_size, perm_orders=perm_orders, cot=p.cot,
-        self_consistency=p.self_consistency, generation_seed=config.generation_seed,
-    )  # fmt: skip
-    return RunPlan(n, setting, calibration_setting, items, calibration_items, orderings,
-                   options, other.name)  # fmt: skip
+        labels=config.labels,
+        batch_size=config.batch_size,
+        config=config.method_config(),
+        image_size=p.image_size,
+        perm_orders=perm_orders,
+        cot=p.cot,
+        self_consistency=p.self_consistency,
+        generation_seed=config.generation_seed,
+    )
+    return RunPlan(
+        n, setting, calibration_setting, items, calibration_items, orderings, options, other.name
+    )
 
 
-def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
-                 plan: RunPlan) -> tuple[Run, dict[str, Any]]:  # fmt: skip
+def evaluate_run(
+    runner: Any, config: EvalConfig, dataset: str, plan: RunPlan
+) -> tuple[Run, dict[str, Any]]:
     """One planned (n, setting): calibrate, then score every method under its orderings."""
     n, options = plan.n, plan.options
     if config.all_layers:  # ablation: L* = Λ (every candidate layer averaged)
@@ -235,8 +150,10 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
     k = None if options.perm_orders is None else len(options.perm_orders)
     total = planned_forwards(config.methods, n, instances, len(plan.calibration_items), k)
     spec_ = config.protocol_spec()
-    with _progress(config, total, f"N={n} {plan.setting}") as bar, \
-            tile_budget(runner, n, spec_.tile_cap):  # fmt: skip
+    with (
+        _progress(config, total, f"N={n} {plan.setting}") as bar,
+        tile_budget(runner, n, spec_.tile_cap),
+    ):
         calibration, evidence = calibrate(runner, plan.calibration_items, options, bar.update)
         if config.zero_bias:  # ablation: B = 0 (agd keeps π but corrects nothing)
             calibration = replace(calibration, bias_matrix=0.0 * calibration.bias_matrix)
@@ -248,9 +165,13 @@ def evaluate_run(runner: Any, config: EvalConfig, dataset: str,
             if method in config.methods:
                 generation(runner, run, method, options, bar.update)
     evidence.update(
-        n=n, setting=plan.calibration_setting, eval_setting=plan.setting,
-        dataset=plan.calibration_dataset, layers=list(runner.layers), sink_guard=config.sink_guard,
-    )  # fmt: skip
+        n=n,
+        setting=plan.calibration_setting,
+        eval_setting=plan.setting,
+        dataset=plan.calibration_dataset,
+        layers=list(runner.layers),
+        sink_guard=config.sink_guard,
+    )
     return run, evidence
 
 
@@ -268,8 +189,12 @@ def run_evaluation(runner: Any, config: EvalConfig) -> dict[str, Any]:
     datasets = _datasets(runner, config)
     settings = config.settings or [DEFAULT_SETTINGS[config.dataset]]
     plans = [plan_run(config, datasets, n, s) for s in settings for n in config.ns]
-    write_protocol(config.out / "protocol.json", config, runner,
-                   [protocol_entry(config, runner, p) for p in plans])  # fmt: skip
+    write_protocol(
+        config.out / "protocol.json",
+        config,
+        runner,
+        [protocol_entry(config, runner, p) for p in plans],
+    )
     if config.dry_run or runner is None:
         return {"dry_run": True, "protocol": str(config.out / "protocol.json")}
     records: list[dict[str, Any]] = []
@@ -280,12 +205,15 @@ def run_evaluation(runner: Any, config: EvalConfig) -> dict[str, Any]:
         calibrations[run_key(plan.n, plan.setting)] = evidence
     write_records(config.out / "predictions.jsonl", records)
     (config.out / "calibration.json").write_text(json.dumps({"runs": calibrations}) + "\n")
-    metrics = compute_metrics(records, calibrations, samples=config.bootstrap,
-                              seed=config.bootstrap_seed)  # fmt: skip
+    metrics = compute_metrics(
+        records, calibrations, samples=config.bootstrap, seed=config.bootstrap_seed
+    )
     metrics["config"] = {
-        **config.to_dict(), "model_fingerprint": _fingerprint(runner, config),
-        "layers": list(runner.layers), "wall_s": round(time.perf_counter() - started, 1),
-    }  # fmt: skip
+        **config.to_dict(),
+        "model_fingerprint": _fingerprint(runner, config),
+        "layers": list(runner.layers),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     (config.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     figures = plots.write_plots(metrics, config.out)
     (config.out / "report.md").write_text(report.render(metrics, figures))

@@ -56,8 +56,9 @@ def _nullable(values: Iterable[float]) -> list[float | None]:
     return [None if np.isnan(v) else float(v) for v in values]
 
 
-def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
-                   seed: int) -> dict[str, Any]:  # fmt: skip
+def method_metrics(
+    a: dict[str, np.ndarray], n: int, indices: np.ndarray, seed: int
+) -> dict[str, Any]:
     """Every per-method figure of metrics.json from one method's arrays."""
     correct = a["correct"].astype(float)
     hits, totals = _per_position(a, n)
@@ -101,8 +102,9 @@ def method_metrics(a: dict[str, np.ndarray], n: int, indices: np.ndarray,
     return out
 
 
-def paired_metrics(x: dict[str, np.ndarray], y: dict[str, np.ndarray],
-                   indices: np.ndarray) -> dict[str, Any]:  # fmt: skip
+def paired_metrics(
+    x: dict[str, np.ndarray], y: dict[str, np.ndarray], indices: np.ndarray
+) -> dict[str, Any]:
     """a − b in accuracy points on the same items, with its paired item-bootstrap CI."""
     a, b = x["correct"], y["correct"]
     per_item = 100.0 * (a.astype(float) - b.astype(float)).mean(axis=1)
@@ -117,13 +119,12 @@ def paired_metrics(x: dict[str, np.ndarray], y: dict[str, np.ndarray],
     }
 
 
-def group_metrics(group: Group, calibration: Mapping[str, Any] | None,
-                  samples: int, seed: int) -> dict[str, Any]:  # fmt: skip
+def group_metrics(
+    group: Group, calibration: Mapping[str, Any] | None, samples: int, seed: int
+) -> dict[str, Any]:
     """One (n, setting) block of metrics.json."""
     indices = stats.bootstrap_indices(len(group.items), samples, seed)
-    methods = {
-        m: method_metrics(group.by_method[m], group.n, indices, seed) for m in group.methods
-    }
+    methods = {m: method_metrics(group.by_method[m], group.n, indices, seed) for m in group.methods}
     paired = {
         f"{a}-{b}": paired_metrics(group.by_method[a], group.by_method[b], indices)
         for a, b in PAIRS
@@ -163,5 +164,3 @@ def compute_metrics(
         "bootstrap": {"samples": samples, "seed": seed, "level": stats.LEVEL, "unit": "item"},
         "runs": runs,
     }
-
-

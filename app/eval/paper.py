@@ -92,21 +92,44 @@ class ProtocolSpec:
 
 
 OURS = ProtocolSpec(
-    name="ours", image_size=None, tile_cap=False, orderings="balanced", default_orderings=4,
-    perm_avg="cyclic", perm_avg_orders=0, layers=None,
+    name="ours",
+    image_size=None,
+    tile_cap=False,
+    orderings="balanced",
+    default_orderings=4,
+    perm_avg="cyclic",
+    perm_avg_orders=0,
+    layers=None,
     cot=GenerationSpec(OURS_COT_PROMPT, 1024, do_sample=False),
-    self_consistency=GenerationSpec(OURS_COT_PROMPT, 512, do_sample=True, temperature=0.7,
-                                    top_k=40, samples=10),
-    calibration="M items disjoint from the evaluation items (own seed)", negatives="ours",
-)  # fmt: skip
+    self_consistency=GenerationSpec(
+        OURS_COT_PROMPT, 512, do_sample=True, temperature=0.7, top_k=40, samples=10
+    ),
+    calibration="M items disjoint from the evaluation items (own seed)",
+    negatives="ours",
+)
 
 PAPER = ProtocolSpec(
-    name="paper", image_size=(336, 336), tile_cap=True, orderings="shared", default_orderings=5,
-    perm_avg="random", perm_avg_orders=16, layers=(21, 35),
+    name="paper",
+    image_size=(336, 336),
+    tile_cap=True,
+    orderings="shared",
+    default_orderings=5,
+    perm_avg="random",
+    perm_avg_orders=16,
+    layers=(21, 35),
     cot=GenerationSpec(PAPER_COT_PROMPT, 1024, do_sample=False, parser="paper"),
-    self_consistency=GenerationSpec(PAPER_SC_PROMPT, 512, do_sample=True, temperature=0.7,
-                                    top_k=40, samples=10, parser="paper", no_vote="first"),
-    calibration="M items disjoint from the evaluation items (own seed)", negatives="paper",
+    self_consistency=GenerationSpec(
+        PAPER_SC_PROMPT,
+        512,
+        do_sample=True,
+        temperature=0.7,
+        top_k=40,
+        samples=10,
+        parser="paper",
+        no_vote="first",
+    ),
+    calibration="M items disjoint from the evaluation items (own seed)",
+    negatives="paper",
     notes=(
         "the authors calibrate on the first M evaluation items; here calibration items are "
         "disjoint from the evaluation items (as the paper's text says)",
@@ -114,7 +137,7 @@ PAPER = ProtocolSpec(
         "draw them per instance)",
         "Λ: the authors' --layer-range 21 35, clipped to the model's depth",
     ),
-)  # fmt: skip
+)
 
 
 def spec(name: str) -> ProtocolSpec:
@@ -161,22 +184,30 @@ def paper_layers(depth: int, layers: tuple[int, int] | None) -> list[int] | None
 PAPER_TABLES: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {
     # model -> "setting/method" -> (Acc, RStd, Cons), the paper's Table 1 (N = 4), 1,000 items
     "Qwen2.5-VL-3B": {
-        "random/vanilla": (51.70, 36.27, 6.61), "random/instruction": (48.96, 35.80, 4.20),
-        "random/cot": (54.16, 36.75, 8.20), "random/pride": (63.76, 36.24, 17.70),
-        "random/self_consistency": (63.24, 20.35, 15.70), "random/agd": (94.94, 4.20, 84.30),
+        "random/vanilla": (51.70, 36.27, 6.61),
+        "random/instruction": (48.96, 35.80, 4.20),
+        "random/cot": (54.16, 36.75, 8.20),
+        "random/pride": (63.76, 36.24, 17.70),
+        "random/self_consistency": (63.24, 20.35, 15.70),
+        "random/agd": (94.94, 4.20, 84.30),
         "adversarial/vanilla": (38.04, 32.21, 4.10),
         "adversarial/instruction": (35.92, 33.76, 2.80),
-        "adversarial/cot": (42.24, 18.85, 3.41), "adversarial/pride": (47.80, 28.80, 10.40),
+        "adversarial/cot": (42.24, 18.85, 3.41),
+        "adversarial/pride": (47.80, 28.80, 10.40),
         "adversarial/self_consistency": (42.20, 12.96, 3.70),
         "adversarial/agd": (65.72, 13.71, 40.90),
     },
     "LLaVA-OneVision-8B": {
-        "random/vanilla": (67.52, 25.43, 19.90), "random/instruction": (50.50, 34.61, 5.90),
-        "random/cot": (45.40, 34.15, 3.31), "random/pride": (68.00, 33.07, 32.10),
-        "random/self_consistency": (41.90, 19.09, 0.00), "random/agd": (98.66, 0.88, 96.50),
+        "random/vanilla": (67.52, 25.43, 19.90),
+        "random/instruction": (50.50, 34.61, 5.90),
+        "random/cot": (45.40, 34.15, 3.31),
+        "random/pride": (68.00, 33.07, 32.10),
+        "random/self_consistency": (41.90, 19.09, 0.00),
+        "random/agd": (98.66, 0.88, 96.50),
         "adversarial/vanilla": (49.56, 16.62, 13.90),
         "adversarial/instruction": (39.22, 28.64, 3.90),
-        "adversarial/cot": (36.24, 34.04, 2.71), "adversarial/pride": (53.84, 31.77, 20.80),
+        "adversarial/cot": (36.24, 34.04, 2.71),
+        "adversarial/pride": (53.84, 31.77, 20.80),
         "adversarial/self_consistency": (35.70, 11.63, 1.50),
         "adversarial/agd": (71.06, 10.23, 51.30),
         # Table 8 (perm_avg, accuracy only) and Table 4 (adversarial ablation)
@@ -186,15 +217,19 @@ PAPER_TABLES: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {
         "adversarial/attn_pure": (64.38, 10.17, 45.30),
     },
     "InternVL3-8B": {
-        "random/vanilla": (69.04, 28.38, 18.50), "random/instruction": (67.52, 26.27, 19.60),
-        "random/cot": (77.96, 12.45, 37.70), "random/pride": (76.32, 18.33, 35.90),
-        "random/self_consistency": (69.20, 24.06, 22.00), "random/agd": (94.84, 5.93, 80.70),
+        "random/vanilla": (69.04, 28.38, 18.50),
+        "random/instruction": (67.52, 26.27, 19.60),
+        "random/cot": (77.96, 12.45, 37.70),
+        "random/pride": (76.32, 18.33, 35.90),
+        "random/self_consistency": (69.20, 24.06, 22.00),
+        "random/agd": (94.84, 5.93, 80.70),
         "adversarial/vanilla": (61.00, 25.22, 19.00),
         "adversarial/instruction": (57.14, 29.95, 15.20),
-        "adversarial/cot": (61.08, 14.13, 20.50), "adversarial/pride": (64.16, 20.65, 30.40),
+        "adversarial/cot": (61.08, 14.13, 20.50),
+        "adversarial/pride": (64.16, 20.65, 30.40),
         "adversarial/self_consistency": (61.70, 21.40, 20.00),
         "adversarial/agd": (76.64, 7.89, 54.10),
     },
-}  # fmt: skip
+}
 """Table 4's rows map to ours as: Attn Readout without prior = attn_raw, Attn Readout with
 the static prior = attn_pure, Dynamic + prior, K = 2 = agd."""

@@ -44,8 +44,15 @@ def confusion_figure(run: dict[str, Any], path: Path) -> None:
         if n <= 8:
             for t, row in enumerate(m["confusion"]):
                 for j, value in enumerate(row):
-                    ax.text(j, t, f"{value:.0f}", ha="center", va="center", fontsize=6,
-                            color="white" if value > 60 else "black")  # fmt: skip
+                    ax.text(
+                        j,
+                        t,
+                        f"{value:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6,
+                        color="white" if value > 60 else "black",
+                    )
     fig.suptitle(f"GT x predicted position (% of row), N={n}, {run['setting']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -62,17 +69,27 @@ def recall_figure(run: dict[str, Any], path: Path) -> None:
         m = run["methods"][method]
         recall = [r if r is not None else 0.0 for r in m["recall_by_position"]]
         cis = m.get("recall_ci") or [None] * n
-        err = [[r - ci[0] if ci else 0.0 for r, ci in zip(recall, cis, strict=True)],
-               [ci[1] - r if ci else 0.0 for r, ci in zip(recall, cis, strict=True)]]  # fmt: skip
-        ax.bar([j + (k - (len(methods) - 1) / 2) * width for j in range(n)], recall, width,
-               yerr=err, capsize=2, error_kw={"elinewidth": 0.8}, label=method)  # fmt: skip
+        err = [
+            [r - ci[0] if ci else 0.0 for r, ci in zip(recall, cis, strict=True)],
+            [ci[1] - r if ci else 0.0 for r, ci in zip(recall, cis, strict=True)],
+        ]
+        ax.bar(
+            [j + (k - (len(methods) - 1) / 2) * width for j in range(n)],
+            recall,
+            width,
+            yerr=err,
+            capsize=2,
+            error_kw={"elinewidth": 0.8},
+            label=method,
+        )
     ax.axhline(100.0 / n, color="k", linestyle=":", linewidth=1, label=f"chance (1/{n})")
     ax.set_xticks(range(n), [str(j + 1) for j in range(n)])
     ax.set_xlabel("GT position")
     ax.set_ylabel("recall (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(f"Recall by GT position, N={n}, {run['setting']} (95% item-bootstrap CI)",
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"Recall by GT position, N={n}, {run['setting']} (95% item-bootstrap CI)", fontsize=9
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -91,8 +108,10 @@ def accuracy_vs_n_figure(runs: list[dict[str, Any]], setting: str, path: Path) -
         dodge = (k - (len(methods) - 1) / 2) * step  # error bars of one N side by side
         xs = [x + dodge for x, _ in points]
         ys = [m["acc"] for _, m in points]
-        err = [[m["acc"] - m["acc_ci"][0] for _, m in points],
-               [m["acc_ci"][1] - m["acc"] for _, m in points]]  # fmt: skip
+        err = [
+            [m["acc"] - m["acc_ci"][0] for _, m in points],
+            [m["acc_ci"][1] - m["acc"] for _, m in points],
+        ]
         ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, label=method)
     ax.plot(ns, [100.0 / x for x in ns], "k:", label="chance (1/N)")
     ax.set_xlabel("N (candidate images)")

@@ -41,22 +41,38 @@ def run_key(n: int, setting: str) -> str:
 
 
 def make_record(
-    *, item: str, n: int, setting: str, dataset: str, ordering: int, order: Sequence[int],
-    method: str, gt_position: int, probabilities: Sequence[float],
-    predicted_position: int | None, forward_passes: int, latency_ms: float,
+    *,
+    item: str,
+    n: int,
+    setting: str,
+    dataset: str,
+    ordering: int,
+    order: Sequence[int],
+    method: str,
+    gt_position: int,
+    probabilities: Sequence[float],
+    predicted_position: int | None,
+    forward_passes: int,
+    latency_ms: float,
     generation: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One JSON-ready record; ``generation`` adds samples / unparseable / answers / text."""
     record: dict[str, Any] = {
-        "item": item, "n": int(n), "setting": setting, "dataset": dataset,
-        "ordering": int(ordering), "order": [int(x) for x in order], "method": method,
+        "item": item,
+        "n": int(n),
+        "setting": setting,
+        "dataset": dataset,
+        "ordering": int(ordering),
+        "order": [int(x) for x in order],
+        "method": method,
         "gt_position": int(gt_position),
         "predicted_position": None if predicted_position is None else int(predicted_position),
         "correct": predicted_position is not None and int(predicted_position) == int(gt_position),
         "probabilities": [float(x) for x in probabilities],
-        "forward_passes": int(forward_passes), "latency_ms": float(latency_ms),
+        "forward_passes": int(forward_passes),
+        "latency_ms": float(latency_ms),
         "generation": generation is not None,
-    }  # fmt: skip
+    }
     if generation is not None:
         record.update(
             samples=len(generation["answers"]),
@@ -97,11 +113,16 @@ class Group:
                     f"{shape[0]} items x {shape[1]} orderings"
                 )
             arrays = {
-                "correct": np.zeros(shape, bool), "gt": np.zeros(shape, np.int64),
-                "pred": np.full(shape, -1, np.int64), "image": np.full(shape, -1, np.int64),
-                "prob": np.zeros((*shape, n)), "passes": np.zeros(shape),
-                "ms": np.zeros(shape), "unparseable": np.zeros(shape), "samples": np.zeros(shape),
-            }  # fmt: skip
+                "correct": np.zeros(shape, bool),
+                "gt": np.zeros(shape, np.int64),
+                "pred": np.full(shape, -1, np.int64),
+                "image": np.full(shape, -1, np.int64),
+                "prob": np.zeros((*shape, n)),
+                "passes": np.zeros(shape),
+                "ms": np.zeros(shape),
+                "unparseable": np.zeros(shape),
+                "samples": np.zeros(shape),
+            }
             for r in mine:
                 i, t = index[r["item"]], slot[int(r["ordering"])]
                 arrays["correct"][i, t] = bool(r["correct"])
@@ -124,5 +145,3 @@ class Group:
 
     def position_counts(self) -> list[int]:
         return np.bincount(self.gt.ravel(), minlength=self.n).astype(int).tolist()
-
-

@@ -38,8 +38,14 @@ class RemoteForward:
 class RemoteBackend:
     """A service behind ``client`` as an evaluation backend (see the module docstring)."""
 
-    def __init__(self, client: LadClient, *, concurrency: int = 8, profile: str = PROFILE,
-                 model_id: str = "remote") -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: LadClient,
+        *,
+        concurrency: int = 8,
+        profile: str = PROFILE,
+        model_id: str = "remote",
+    ) -> None:
         if concurrency < 1:
             raise ValueError("--concurrency must be >= 1")
         self.client, self.concurrency, self.profile = client, concurrency, profile
@@ -56,8 +62,9 @@ class RemoteBackend:
         return self._layers
 
     def _details(self, query: str, images: Sequence[Any], labels: Any) -> Any:
-        answer = self.client.retrieve(query, images, method="vanilla", labels=labels,
-                                      return_details=True)  # fmt: skip
+        answer = self.client.retrieve(
+            query, images, method="vanilla", labels=labels, return_details=True
+        )
         if answer.details is None or answer.details.attention is None:
             raise RuntimeError("the service returned no evidence (details.attention)")
         self._layers = tuple(answer.details.layers)
@@ -73,10 +80,13 @@ class RemoteBackend:
             np.asarray([d.attention for d in details], dtype=np.float64),
         )
 
-    def service_calibration(self, examples: Sequence[tuple[str, Sequence[Any], int]],
-                            labels: Any) -> Calibration:  # fmt: skip
+    def service_calibration(
+        self, examples: Sequence[tuple[str, Sequence[Any], int]], labels: Any
+    ) -> Calibration:
         """B and P from the service's own /v1/calibrate on these (query, images, answer)."""
         done = self.client.calibrate(examples, profile=self.profile, labels=labels)
         self._layers = tuple(done.layers)
-        return Calibration(np.asarray(done.bias_matrix, dtype=np.float64),
-                           np.asarray(done.attention_prior, dtype=np.float64))  # fmt: skip
+        return Calibration(
+            np.asarray(done.bias_matrix, dtype=np.float64),
+            np.asarray(done.attention_prior, dtype=np.float64),
+        )

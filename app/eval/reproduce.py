@@ -31,17 +31,32 @@ from app.eval.report import table
 
 TABLE1 = ("vanilla", "instruction", "cot", "pride", "self_consistency", "agd", "perm_avg")
 TABLE4 = ("attn_raw", "attn_pure", "agd")
-ROWS = {"vanilla": "Vanilla", "instruction": "Instruction", "cot": "CoT", "pride": "PriDe",
-        "self_consistency": "Self-Consistency", "agd": "AGD (ours)",
-        "perm_avg": "perm_avg (N x cost)", "attn_raw": "Attn readout (no prior)",
-        "attn_pure": "Attn readout + prior"}  # fmt: skip
+ROWS = {
+    "vanilla": "Vanilla",
+    "instruction": "Instruction",
+    "cot": "CoT",
+    "pride": "PriDe",
+    "self_consistency": "Self-Consistency",
+    "agd": "AGD (ours)",
+    "perm_avg": "perm_avg (N x cost)",
+    "attn_raw": "Attn readout (no prior)",
+    "attn_pure": "Attn readout + prior",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scripts/reproduce_paper.sh", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--model", action="append", required=True, metavar="KEY=PATH",
-                   help="a checkpoint (repeatable); KEY names its column of the paper")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="scripts/reproduce_paper.sh",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="KEY=PATH",
+        help="a checkpoint (repeatable); KEY names its column of the paper",
+    )
     p.add_argument("--dataset", default="coco", choices=("coco", "flickr"))
     p.add_argument("--data", type=Path, required=True, help="captions file")
     p.add_argument("--images", type=Path, required=True, help="image folder")
@@ -49,17 +64,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=Path, required=True, help="local CLIP ViT-L/14 directory")
     p.add_argument("--items", type=int, default=1000, help="items per setting (paper: 1000)")
     p.add_argument("--out", type=Path, default=Path("runs/paper"))
-    p.add_argument("extra", nargs=argparse.REMAINDER,
-                   help="after --: more `lad eval` flags (e.g. --threads 8)")  # fmt: skip
+    p.add_argument(
+        "extra", nargs=argparse.REMAINDER, help="after --: more `lad eval` flags (e.g. --threads 8)"
+    )
     return p
 
 
 def eval_argv(args: argparse.Namespace, path: str, out: Path) -> list[str]:
     """The ``lad eval`` command of one checkpoint."""
-    argv = ["--protocol", "paper", "--model", path, "--dataset", args.dataset,
-            "--data", str(args.data), "--images", str(args.images), "--clip", str(args.clip),
-            "--setting", "random", "adversarial", "-n", "4", "--items", str(args.items),
-            "--methods", *dict.fromkeys((*TABLE1, *TABLE4)), "--out", str(out)]  # fmt: skip
+    argv = [
+        "--protocol",
+        "paper",
+        "--model",
+        path,
+        "--dataset",
+        args.dataset,
+        "--data",
+        str(args.data),
+        "--images",
+        str(args.images),
+        "--clip",
+        str(args.clip),
+        "--setting",
+        "random",
+        "adversarial",
+        "-n",
+        "4",
+        "--items",
+        str(args.items),
+        "--methods",
+        *dict.fromkeys((*TABLE1, *TABLE4)),
+        "--out",
+        str(out),
+    ]
     if args.instances is not None:
         argv += ["--instances", str(args.instances)]
     extra = list(args.extra)
@@ -86,25 +123,50 @@ def comparison(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]
                 ours = run["methods"][m]
                 paper = _paper(key, setting, m)
                 spread = float(np.std(ours["acc_by_ordering"], ddof=1))
-                cells[m] = {"paper": paper, "acc": ours["acc"], "acc_ci": ours["acc_ci"],
-                            "acc_std_over_orderings": spread, "rstd": ours["rstd"],
-                            "cons": ours["cons"]}  # fmt: skip
-                rows.append([
-                    ROWS[m], _num(paper[0]) if paper else "–", _num(paper[1]) if paper else "–",
-                    _num(paper[2]) if paper else "–",
-                    f"{ours['acc']:.1f} ± {spread:.1f} [{ours['acc_ci'][0]:.1f}, "
-                    f"{ours['acc_ci'][1]:.1f}]", _num(ours["rstd"]), _num(ours["cons"]),
-                ])  # fmt: skip
+                cells[m] = {
+                    "paper": paper,
+                    "acc": ours["acc"],
+                    "acc_ci": ours["acc_ci"],
+                    "acc_std_over_orderings": spread,
+                    "rstd": ours["rstd"],
+                    "cons": ours["cons"],
+                }
+                rows.append(
+                    [
+                        ROWS[m],
+                        _num(paper[0]) if paper else "–",
+                        _num(paper[1]) if paper else "–",
+                        _num(paper[2]) if paper else "–",
+                        f"{ours['acc']:.1f} ± {spread:.1f} [{ours['acc_ci'][0]:.1f}, "
+                        f"{ours['acc_ci'][1]:.1f}]",
+                        _num(ours["rstd"]),
+                        _num(ours["cons"]),
+                    ]
+                )
             doc[f"{key}/{setting}"] = cells
-            out += [f"## {key}, N = 4, {setting} ({run['items']} items x {run['orderings']} "
-                    "orderings)", "",
-                    table(["method", "paper Acc", "paper RStd", "paper Cons",
-                           "ours Acc ± std over orderings [95% CI]", "ours RStd", "ours Cons"],
-                          rows), ""]  # fmt: skip
-    out += ["Table 4 (paper: LLaVA-OneVision, adversarial) maps to attn_raw, attn_pure and "
-            "agd; perm_avg's paper value is Table 8's (accuracy only). The paper calibrates "
-            "on its first 5 evaluation items; here they are disjoint (protocol.json, notes).",
-            ""]  # fmt: skip
+            out += [
+                f"## {key}, N = 4, {setting} ({run['items']} items x {run['orderings']} orderings)",
+                "",
+                table(
+                    [
+                        "method",
+                        "paper Acc",
+                        "paper RStd",
+                        "paper Cons",
+                        "ours Acc ± std over orderings [95% CI]",
+                        "ours RStd",
+                        "ours Cons",
+                    ],
+                    rows,
+                ),
+                "",
+            ]
+    out += [
+        "Table 4 (paper: LLaVA-OneVision, adversarial) maps to attn_raw, attn_pure and "
+        "agd; perm_avg's paper value is Table 8's (accuracy only). The paper calibrates "
+        "on its first 5 evaluation items; here they are disjoint (protocol.json, notes).",
+        "",
+    ]
     return "\n".join(out), doc
 
 

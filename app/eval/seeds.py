@@ -22,8 +22,12 @@ from app.eval.report import DEGENERATE, SIMULATION_BANNER, table
 
 def _spread(values: Sequence[float]) -> dict[str, Any]:
     v = np.asarray(values, dtype=float)
-    return {"values": v.tolist(), "mean": float(v.mean()), "min": float(v.min()),
-            "max": float(v.max())}  # fmt: skip
+    return {
+        "values": v.tolist(),
+        "mean": float(v.mean()),
+        "min": float(v.min()),
+        "max": float(v.max()),
+    }
 
 
 def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -50,9 +54,16 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             }
             for p in run["paired"]
         }
-        runs.append({"n": run["n"], "setting": run["setting"], "items": run["items"],
-                     "orderings": run["orderings"], "methods": methods,
-                     "paired": paired})  # fmt: skip
+        runs.append(
+            {
+                "n": run["n"],
+                "setting": run["setting"],
+                "items": run["items"],
+                "orderings": run["orderings"],
+                "methods": methods,
+                "paired": paired,
+            }
+        )
     return {"item_seeds": seeds, "runs": runs}
 
 
@@ -71,26 +82,64 @@ def render(summary: dict[str, Any], command: str) -> str:
     """seeds.md: per (n, setting) the accuracy and the paired differences over the seeds."""
     seeds = summary["item_seeds"]
     simulated = summary.get("dataset") == "simulated"
-    out = ["# lad eval over item seeds" + (" (SIMULATION)" if simulated else ""), "",
-           *([SIMULATION_BANNER, ""] if simulated else []),
-           "Produced by:", "", f"    {command}", "",
-           f"Item seeds {', '.join(map(str, seeds))} ({len(seeds)} draws of the evaluation "
-           "items; calibration items, orderings and bootstrap seeds fixed). Mean over the "
-           f"seeds (min to max), beside the 95% item-bootstrap CI of seed {seeds[0]} alone: "
-           "the range is how much a number moves on another draw, the CI how well one draw "
-           "pins it.", ""]  # fmt: skip
+    out = [
+        "# lad eval over item seeds" + (" (SIMULATION)" if simulated else ""),
+        "",
+        *([SIMULATION_BANNER, ""] if simulated else []),
+        "Produced by:",
+        "",
+        f"    {command}",
+        "",
+        f"Item seeds {', '.join(map(str, seeds))} ({len(seeds)} draws of the evaluation "
+        "items; calibration items, orderings and bootstrap seeds fixed). Mean over the "
+        f"seeds (min to max), beside the 95% item-bootstrap CI of seed {seeds[0]} alone: "
+        "the range is how much a number moves on another draw, the CI how well one draw "
+        "pins it.",
+        "",
+    ]
     for run in summary["runs"]:
-        out += [f"## N = {run['n']}, {run['setting']} ({run['items']} items x "
-                f"{run['orderings']} orderings per seed)", ""]  # fmt: skip
-        rows = [[m, _range(s), _ci(s["first_seed_ci"], s["first_seed_ci_degenerate"]),
-                 _range(s["rstd"])] for m, s in run["methods"].items()]  # fmt: skip
-        out += [table(["method", "Acc % mean (range)", f"seed {seeds[0]} 95% CI",
-                       "RStd mean (range)"], rows), ""]  # fmt: skip
-        rows = [[p.replace("-", " − "), _range(s, True), _ci(s["first_seed_ci"], sign=True),
-                 f"{s['seeds_ci_excludes_0']} of {len(seeds)}"]
-                for p, s in run["paired"].items()]  # fmt: skip
-        out += [table(["a − b", "Δ points mean (range)", f"seed {seeds[0]} paired 95% CI",
-                       "seeds whose CI excludes 0"], rows), ""]  # fmt: skip
+        out += [
+            f"## N = {run['n']}, {run['setting']} ({run['items']} items x "
+            f"{run['orderings']} orderings per seed)",
+            "",
+        ]
+        rows = [
+            [
+                m,
+                _range(s),
+                _ci(s["first_seed_ci"], s["first_seed_ci_degenerate"]),
+                _range(s["rstd"]),
+            ]
+            for m, s in run["methods"].items()
+        ]
+        out += [
+            table(
+                ["method", "Acc % mean (range)", f"seed {seeds[0]} 95% CI", "RStd mean (range)"],
+                rows,
+            ),
+            "",
+        ]
+        rows = [
+            [
+                p.replace("-", " − "),
+                _range(s, True),
+                _ci(s["first_seed_ci"], sign=True),
+                f"{s['seeds_ci_excludes_0']} of {len(seeds)}",
+            ]
+            for p, s in run["paired"].items()
+        ]
+        out += [
+            table(
+                [
+                    "a − b",
+                    "Δ points mean (range)",
+                    f"seed {seeds[0]} paired 95% CI",
+                    "seeds whose CI excludes 0",
+                ],
+                rows,
+            ),
+            "",
+        ]
     return "\n".join(out)
 
 

@@ -17,8 +17,9 @@ LEVEL = 0.95
 NOISE_FLOOR_DRAWS = 4000
 
 
-def bootstrap_indices(n_items: int, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
-                      ) -> np.ndarray:  # fmt: skip
+def bootstrap_indices(
+    n_items: int, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> np.ndarray:
     """(samples, n_items) item indices drawn with replacement; shared by every method of a run,
     so that paired differences resample the same items."""
     if n_items < 1:
@@ -40,8 +41,9 @@ def mean_ci(per_item: Any, indices: np.ndarray, level: float = LEVEL) -> list[fl
     return percentile_ci(x[indices].mean(axis=1), level)
 
 
-def recall_cis(hits: Any, totals: Any, indices: np.ndarray, level: float = LEVEL
-               ) -> list[list[float] | None]:  # fmt: skip
+def recall_cis(
+    hits: Any, totals: Any, indices: np.ndarray, level: float = LEVEL
+) -> list[list[float] | None]:
     """Item-bootstrap CI (%) of the recall at each GT position (None: never the GT there)."""
     h = np.asarray(hits, dtype=float)[indices].sum(axis=1)
     c = np.asarray(totals, dtype=float)[indices].sum(axis=1)
@@ -65,8 +67,9 @@ def recall_std_replicates(hits: Any, totals: Any, indices: np.ndarray) -> np.nda
     return out
 
 
-def rstd_noise_floor(accuracy: float, counts: Any, draws: int = NOISE_FLOOR_DRAWS,
-                     seed: int = BOOTSTRAP_SEED) -> float:  # fmt: skip
+def rstd_noise_floor(
+    accuracy: float, counts: Any, draws: int = NOISE_FLOOR_DRAWS, seed: int = BOOTSTRAP_SEED
+) -> float:
     """The RStd (%) a position-independent method with this accuracy (%) shows at these GT
     counts per position: every instance correct with probability acc, independently,
     so the per-position recall is Binomial(n_t, acc) / n_t; the mean sample std (n-1)

@@ -60,8 +60,9 @@ def offline_stats(runner: Any, items: list[EvalItem], options: Options) -> Calib
     return CalibrationStats.from_evidence(scores, attention, gt)
 
 
-def traffic(items: list[EvalItem], n: int, seed: int) -> tuple[list[tuple[str, list[Any]]],
-                                                                np.ndarray]:  # fmt: skip
+def traffic(
+    items: list[EvalItem], n: int, seed: int
+) -> tuple[list[tuple[str, list[Any]]], np.ndarray]:
     """One seeded random ordering per item: the requests and where their GT sits."""
     rng = np.random.default_rng(seed)
     requests, gt = [], []
@@ -83,9 +84,14 @@ def _agd(cal: Calibration, s: np.ndarray, a: np.ndarray, config: MethodConfig) -
 
 
 def replay(
-    scores: np.ndarray, attention: np.ndarray, gt: np.ndarray, drifted: CalibrationStats,
-    config: MethodConfig, setup: StreamSetup, n: int,
-) -> tuple[np.ndarray, list[dict[str, Any]]]:  # fmt: skip
+    scores: np.ndarray,
+    attention: np.ndarray,
+    gt: np.ndarray,
+    drifted: CalibrationStats,
+    config: MethodConfig,
+    setup: StreamSetup,
+    n: int,
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """The online profile through the stream: predictions (R,) and the refresh decisions."""
     from app.engine.calibrate import estimate_from_stats
 
@@ -110,15 +116,28 @@ def replay(
         since = 0
         snap = store.snapshot(key, attention.shape[1])
         feedback = online_stats(snap, setup.prior)
-        out = refresh_calibration(live, drifted, feedback, snap.holdout, config,
-                                  min_row_count=setup.min_row_count,
-                                  min_holdout=setup.min_holdout)  # fmt: skip
+        out = refresh_calibration(
+            live,
+            drifted,
+            feedback,
+            snap.holdout,
+            config,
+            min_row_count=setup.min_row_count,
+            min_holdout=setup.min_holdout,
+        )
         if out.live:
             live = out.calibration
-        events.append({"request": r + 1, "feedback": snap.count, "live": out.live,
-                       "reason": out.reason, "held_out": out.held_out,
-                       "accuracy_live": out.accuracy_live,
-                       "accuracy_refreshed": out.accuracy_refreshed})  # fmt: skip
+        events.append(
+            {
+                "request": r + 1,
+                "feedback": snap.count,
+                "live": out.live,
+                "reason": out.reason,
+                "held_out": out.held_out,
+                "accuracy_live": out.accuracy_live,
+                "accuracy_refreshed": out.accuracy_refreshed,
+            }
+        )
     return predictions, events
 
 
@@ -134,9 +153,15 @@ def summarise(correct: dict[str, np.ndarray], setup: StreamSetup) -> dict[str, A
     windows = []
     for start in range(0, total - setup.window + 1, setup.window):
         rows = slice(start, start + setup.window)
-        windows.append({"requests": [start + 1, start + setup.window], **{
-            m: {"acc": round(100 * float(c[rows].mean()), 1), "ci": _ci(c[rows], 500, rng)}
-            for m, c in correct.items()}})  # fmt: skip
+        windows.append(
+            {
+                "requests": [start + 1, start + setup.window],
+                **{
+                    m: {"acc": round(100 * float(c[rows].mean()), 1), "ci": _ci(c[rows], 500, rng)}
+                    for m, c in correct.items()
+                },
+            }
+        )
     tail = slice(total - total // 3, total)
     d, r, o = (correct[m][tail].astype(float) for m in ("drifted", "right", "online"))
     idx = rng.integers(0, len(d), size=(setup.bootstrap, len(d)))
@@ -150,13 +175,14 @@ def summarise(correct: dict[str, np.ndarray], setup: StreamSetup) -> dict[str, A
         "gap_ci": [round(100 * x, 1) for x in percentile_ci(gap)],
         "recovered_points": round(100 * float(o.mean() - d.mean()), 1),
         "recovered_ci": [round(100 * x, 1) for x in percentile_ci(got)],
-        "recovered_share": None if abs(gap_point) < 1e-12
+        "recovered_share": None
+        if abs(gap_point) < 1e-12
         else round(float((o.mean() - d.mean()) / gap_point), 3),
-        "recovered_share_ci": [round(float(x), 3)
-                               for x in percentile_ci(share[np.isfinite(share)])]
-        if np.isfinite(share).any() else None,
+        "recovered_share_ci": [round(float(x), 3) for x in percentile_ci(share[np.isfinite(share)])]
+        if np.isfinite(share).any()
+        else None,
         "level": LEVEL,
-    }  # fmt: skip
+    }
     return {"windows": windows, "summary": summary}
 
 
@@ -165,11 +191,18 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "stream.json").write_text(json.dumps(result, indent=1) + "\n")
     methods = [m for m in ("vanilla", "drifted", "online", "right") if m in result["windows"][0]]
-    lines = ["# Streaming evaluation: online calibration from a drifted start", "",
-             "Produced by:", "", f"    {result['command']}", "",
-             result["description"], "",
-             "| requests | " + " | ".join(f"{m} acc % [95% CI]" for m in methods) + " |",
-             "|:--|" + "--:|" * len(methods)]  # fmt: skip
+    lines = [
+        "# Streaming evaluation: online calibration from a drifted start",
+        "",
+        "Produced by:",
+        "",
+        f"    {result['command']}",
+        "",
+        result["description"],
+        "",
+        "| requests | " + " | ".join(f"{m} acc % [95% CI]" for m in methods) + " |",
+        "|:--|" + "--:|" * len(methods),
+    ]
     for w in result["windows"]:
         cells = [f"{w[m]['acc']:.1f} [{w[m]['ci'][0]:.1f}, {w[m]['ci'][1]:.1f}]" for m in methods]
         lines.append(f"| {w['requests'][0]}-{w['requests'][1]} | " + " | ".join(cells) + " |")
@@ -190,8 +223,9 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         "|--:|--:|:--|--:|:--|",
     ]
     for e in result["events"]:
-        lines.append(f"| {e['request']} | {e['feedback']} | {e['live']} | {e['held_out']} | "
-                     f"{e['reason']} |")  # fmt: skip
+        lines.append(
+            f"| {e['request']} | {e['feedback']} | {e['live']} | {e['held_out']} | {e['reason']} |"
+        )
     (out / "stream.md").write_text("\n".join(lines) + "\n")
     _plot(result, methods, out / "stream.png")
 
@@ -222,8 +256,9 @@ def _plot(result: dict[str, Any], methods: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def run_stream(runner: Any, config: Any, setup: StreamSetup, *,
-               drift_runner: Any = None) -> dict[str, Any]:  # fmt: skip
+def run_stream(
+    runner: Any, config: Any, setup: StreamSetup, *, drift_runner: Any = None
+) -> dict[str, Any]:
     """The whole streaming run on a loaded runner; ``config`` is the EvalConfig of the
     flags (dataset, N, settings, seeds, M, method knobs). ``drift_runner``: the runner the
     drifted profile is calibrated with (another prompt variant), else ``runner``."""
@@ -232,19 +267,22 @@ def run_stream(runner: Any, config: Any, setup: StreamSetup, *,
     started = time.perf_counter()
     eval_seed, calibration_seed = _default_seeds(config.dataset)
     eval_seed = config.eval_seed if config.eval_seed is not None else eval_seed
-    calibration_seed = (config.calibration_seed if config.calibration_seed is not None
-                        else calibration_seed)  # fmt: skip
+    calibration_seed = (
+        config.calibration_seed if config.calibration_seed is not None else calibration_seed
+    )
     main, other = _datasets(runner, config)
     n = config.ns[0]
     setting = (config.settings or [main.settings[0]])[0]
     drift_setting = config.calibration_setting or setting
-    options = Options(labels=config.labels, batch_size=config.batch_size,
-                      config=config.method_config())  # fmt: skip
+    options = Options(
+        labels=config.labels, batch_size=config.batch_size, config=config.method_config()
+    )
     items = main.items(config.items, n, setting, eval_seed)
     exclude = frozenset(i.key for i in items)
     right_items = other.items(config.calibration, n, setting, calibration_seed, exclude=exclude)
-    drift_items = other.items(config.calibration, n, drift_setting, calibration_seed,
-                              exclude=exclude)  # fmt: skip
+    drift_items = other.items(
+        config.calibration, n, drift_setting, calibration_seed, exclude=exclude
+    )
     right = offline_stats(runner, right_items, options)
     drifted = offline_stats(drift_runner or runner, drift_items, options)
     requests, gt = traffic(items, n, config.ordering_seed)
@@ -260,10 +298,14 @@ def run_stream(runner: Any, config: Any, setup: StreamSetup, *,
         "online": online == gt,
     }
     result = summarise(correct, setup)
-    drift_what = (f"prompt variant {drift_runner.prompt_variant!r}" if drift_runner is not None
-                  else f"setting {drift_setting!r}")  # fmt: skip
+    drift_what = (
+        f"prompt variant {drift_runner.prompt_variant!r}"
+        if drift_runner is not None
+        else f"setting {drift_setting!r}"
+    )
     result.update(
-        command=config.command, events=events,
+        command=config.command,
+        events=events,
         title=f"N={n} {setting}: agd from a profile calibrated on {drift_what}",
         description=(
             f"Model `{config.model}`, dataset `{config.dataset}` {setting}, N = {n}, "
@@ -278,8 +320,11 @@ def run_stream(runner: Any, config: Any, setup: StreamSetup, *,
             f"of them held out; the refreshed prior from the {setup.prior} requests. Windows of "
             f"{setup.window} requests; CIs: request bootstrap within the window."
         ),
-        setup=setup.__dict__, n=n, setting=setting, drift=drift_what,
+        setup=setup.__dict__,
+        n=n,
+        setting=setting,
+        drift=drift_what,
         wall_s=round(time.perf_counter() - started, 1),
-    )  # fmt: skip
+    )
     write_outputs(result, config.out)
     return result

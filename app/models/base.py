@@ -41,7 +41,7 @@ class HFAdapter:
     # "sdpa": rows captured inside transformers' SDPA call; "eager_hook": the fallback for
     # attention that bypasses transformers' attention interface (app.engine.attention)
     capture: ClassVar[str] = "sdpa"
-    # documentation (the README family table): the image-token layout in one line, the knob
+    # documentation (docs/models.md family table): the image-token layout in one line, the knob
     # that bounds the tokens per image, and what was tested
     doc_layout: ClassVar[str] = ""
     doc_pixel_knob: ClassVar[str] = ""
@@ -338,9 +338,13 @@ def without_video_processor(processor_cls: type, name: str, module: str) -> type
     ) -> None:
         kwargs.pop("video_processor", None)
         processor_cls.__init__(
-            self, image_processor, tokenizer, video_processor=None,
-            chat_template=chat_template, **kwargs,
-        )  # fmt: skip
+            self,
+            image_processor,
+            tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+            **kwargs,
+        )
 
     params = [p for key, p in parent.parameters.items() if key != "video_processor"]
     __init__.__signature__ = parent.replace(parameters=params)  # type: ignore[attr-defined]

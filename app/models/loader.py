@@ -31,10 +31,13 @@ log = logging.getLogger("lad.model")
 DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo" / "model"
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}  # fmt: skip
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -107,7 +110,8 @@ def _unreachable(model: str, revision: str | None, cause: BaseException) -> Mode
     cache = huggingface_hub.constants.HF_HUB_CACHE
     at = f" at revision {revision!r}" if revision else ""
     why = (
-        "HF_HUB_OFFLINE=1, so nothing is downloaded" if offline
+        "HF_HUB_OFFLINE=1, so nothing is downloaded"
+        if offline
         else "and the hub could not be reached"
     )
     return ModelLoadError(
@@ -151,17 +155,23 @@ def load_runner(
     started = time.perf_counter()
     source = str(DEMO_MODEL_DIR) if model == "demo" else model
     if model == "demo" and not (DEMO_MODEL_DIR / "config.json").is_file():
-        raise ModelLoadError(
-            f"the demo model is missing at {DEMO_MODEL_DIR}; run `lad demo train`"
-        )
+        raise ModelLoadError(f"the demo model is missing at {DEMO_MODEL_DIR}; run `lad demo train`")
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
     where = f"device_map={device_map!r}" if device_map else str(target)
-    log.info("loading model %s (revision %s) on %s as %s", model, revision or "default",
-             where, str(torch_dtype).removeprefix("torch."))
+    log.info(
+        "loading model %s (revision %s) on %s as %s",
+        model,
+        revision or "default",
+        where,
+        str(torch_dtype).removeprefix("torch."),
+    )
     if trust_remote_code:
-        log.warning("LAD_TRUST_REMOTE_CODE is on: model %s (revision %s) may run the Python "
-                    "code it ships", model, revision or "default, not pinned")
+        log.warning(
+            "LAD_TRUST_REMOTE_CODE is on: model %s (revision %s) may run the Python code it ships",
+            model,
+            revision or "default, not pinned",
+        )
     remote = {"trust_remote_code": bool(trust_remote_code)}
     config = _pretrained(partial(AutoConfig.from_pretrained, **remote), model, source, revision)
     try:
@@ -173,15 +183,20 @@ def load_runner(
     if device_map is None:
         loaded = loaded.to(target)
     loaded = loaded.eval()
-    log.info("weights loaded: %.1f M parameters in %.1f s", _millions(loaded),
-             time.perf_counter() - started)
-    processor = _pretrained(partial(adapter_cls.load_processor, **remote), model, source,
-                            revision)  # fmt: skip
+    log.info(
+        "weights loaded: %.1f M parameters in %.1f s",
+        _millions(loaded),
+        time.perf_counter() - started,
+    )
+    processor = _pretrained(partial(adapter_cls.load_processor, **remote), model, source, revision)
     if max_pixels is not None or min_pixels is not None:
         budget = adapter_cls.set_pixel_budget(processor, max_pixels, min_pixels)
         if budget is None:
-            log.warning("%s has no per-image pixel budget: LAD_MAX_PIXELS / LAD_MIN_PIXELS "
-                        "are ignored (README 'Real models')", adapter_cls.__name__)
+            log.warning(
+                "%s has no per-image pixel budget: LAD_MAX_PIXELS / LAD_MIN_PIXELS "
+                "are ignored (docs/models.md)",
+                adapter_cls.__name__,
+            )
         else:
             log.info("image budget: %s", budget)
     runner = Runner(
@@ -191,8 +206,12 @@ def load_runner(
         layers=layers,
         prompt_variant=prompt_variant,
     )
-    log.info("model %s ready in %.1f s (layers Λ = %s)", model, time.perf_counter() - started,
-             ",".join(str(x) for x in runner.layers))
+    log.info(
+        "model %s ready in %.1f s (layers Λ = %s)",
+        model,
+        time.perf_counter() - started,
+        ",".join(str(x) for x in runner.layers),
+    )
     return runner
 
 
@@ -219,15 +238,25 @@ def _pretrained(load: Any, model: str, source: str, revision: str | None) -> Any
             raise
         raise ModelLoadError(
             f"model {model!r} needs the Python code it ships: set LAD_TRUST_REMOTE_CODE=true "
-            "to run it (only for checkpoints you trust; README 'Models')"
+            "to run it (only for checkpoints you trust; docs/models.md)"
         ) from None
 
 
-def _load_weights(config: Any, model: str, source: str, revision: str | None,
-                  torch_dtype: torch.dtype, device_map: str | None,
-                  remote: dict[str, bool]) -> torch.nn.Module:
-    options: dict[str, Any] = {"revision": revision, "dtype": torch_dtype,
-                               "attn_implementation": "sdpa", **remote}
+def _load_weights(
+    config: Any,
+    model: str,
+    source: str,
+    revision: str | None,
+    torch_dtype: torch.dtype,
+    device_map: str | None,
+    remote: dict[str, bool],
+) -> torch.nn.Module:
+    options: dict[str, Any] = {
+        "revision": revision,
+        "dtype": torch_dtype,
+        "attn_implementation": "sdpa",
+        **remote,
+    }
     if device_map is not None:
         if importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError(
@@ -238,5 +267,7 @@ def _load_weights(config: Any, model: str, source: str, revision: str | None,
     model_class = _model_class(config, remote["trust_remote_code"])
     return _pretrained(
         lambda src, revision: model_class.from_pretrained(src, **options),
-        model, source, revision,
+        model,
+        source,
+        revision,
     )

@@ -165,9 +165,11 @@ class Qwen2VLAdapter(HFAdapter):
         kwargs = dict(batch.inputs)
         sources = batch.extra.get("image_sources")
         if sources is not None and "pixel_values" in kwargs:  # repeated images: encode once
-            kwargs["mm_encoder_outputs"] = {"image": unique_image_features(
-                self._inner(), kwargs.pop("pixel_values"), kwargs["image_grid_thw"], sources
-            )}  # fmt: skip
+            kwargs["mm_encoder_outputs"] = {
+                "image": unique_image_features(
+                    self._inner(), kwargs.pop("pixel_values"), kwargs["image_grid_thw"], sources
+                )
+            }
         return kwargs
 
     def _inner(self) -> torch.nn.Module:

@@ -37,9 +37,13 @@ def _value_table(image_processor: Any) -> np.ndarray:
     """(C, 256) float32: what the image processor's own ``rescale`` and ``normalize`` make of
     each 8-bit value in each channel. Both are element-wise, so looking a pixel up here
     gives the processor's value for it bit for bit, without a float64 pass over the image."""
-    key = (image_processor.do_rescale, image_processor.rescale_factor,
-           image_processor.do_normalize, str(image_processor.image_mean),
-           str(image_processor.image_std))  # fmt: skip
+    key = (
+        image_processor.do_rescale,
+        image_processor.rescale_factor,
+        image_processor.do_normalize,
+        str(image_processor.image_mean),
+        str(image_processor.image_std),
+    )
     cached = getattr(image_processor, _TABLE, None)
     if cached is not None and cached[0] == key:
         return cached[1]

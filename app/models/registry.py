@@ -13,11 +13,17 @@ from app.models.base import HFAdapter
 
 _ADAPTERS: dict[str, type[HFAdapter]] = {}
 _BUILTIN_MODULES = (
-    "app.models.qwen2_vl", "app.models.llava_onevision", "app.models.internvl",
-    "app.models.qwen3_vl", "app.models.qwen3_5", "app.models.glm4v",
-    "app.models.gemma3", "app.models.idefics3", "app.models.mistral3",
+    "app.models.qwen2_vl",
+    "app.models.llava_onevision",
+    "app.models.internvl",
+    "app.models.qwen3_vl",
+    "app.models.qwen3_5",
+    "app.models.glm4v",
+    "app.models.gemma3",
+    "app.models.idefics3",
+    "app.models.mistral3",
     "app.models.llava_onevision1_5",
-)  # fmt: skip
+)
 _loaded = False
 
 

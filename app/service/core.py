@@ -44,8 +44,14 @@ from lad_client.types import (
     SentDocument,
 )
 
-_PUBLIC_STORE_HEALTH = ("backend", "profiles", "connected", "listening", "last_sync_age_s",
-                        "writes")  # fmt: skip
+_PUBLIC_STORE_HEALTH = (
+    "backend",
+    "profiles",
+    "connected",
+    "listening",
+    "last_sync_age_s",
+    "writes",
+)
 """What /readyz shows of the store's health (never paths or error strings: those are logged)."""
 
 
@@ -53,7 +59,11 @@ class Service:
     """One model, one queue, one store: everything the routes need."""
 
     def __init__(
-        self, settings: Settings, runner: RunnerLike, store: ProfileStore, metrics: Metrics,
+        self,
+        settings: Settings,
+        runner: RunnerLike,
+        store: ProfileStore,
+        metrics: Metrics,
         online: OnlineStore | None = None,
     ) -> None:
         self.settings = settings
@@ -65,10 +75,14 @@ class Service:
         self.pipeline = Pipeline(settings, runner, self.profiles, metrics)
         self.worker = self.pipeline.worker
         self.online = OnlineService(
-            settings, self.profiles, online or MemoryOnlineStore(
-                ttl_s=settings.evidence_ttl_s, max_entries=settings.evidence_max_entries),
+            settings,
+            self.profiles,
+            online
+            or MemoryOnlineStore(
+                ttl_s=settings.evidence_ttl_s, max_entries=settings.evidence_max_entries
+            ),
             self.pipeline.method_config,
-        )  # fmt: skip
+        )
         metrics.set_model_info(self.model_info())
         metrics.watch_store(store.health)
 
@@ -79,11 +93,13 @@ class Service:
     def model_info(self) -> dict[str, Any]:
         r = self.runner
         return {
-            "model_id": r.model_id, "revision": r.revision,
-            "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
+            "model_id": r.model_id,
+            "revision": r.revision,
+            "dtype": str(r.dtype).removeprefix("torch."),
+            "device": str(r.device),
             "attention_backend": r.attention_backend,
             "layers": ",".join(str(x) for x in r.layers),
-        }  # fmt: skip
+        }
 
     def start(self) -> None:
         self.worker.start()
@@ -113,20 +129,29 @@ class Service:
             status="ok" if batcher.running and store["status"] == "ok" else "degraded",
             model={"loaded": True, "worker_running": batcher.running, **self.model_info()},
             store=store,
-            queue={"depth": batcher.depth, "max_queue": batcher.max_queue,
-                   "max_batch_size": batcher.max_batch_size},
-        )  # fmt: skip
+            queue={
+                "depth": batcher.depth,
+                "max_queue": batcher.max_queue,
+                "max_batch_size": batcher.max_batch_size,
+            },
+        )
 
     def stop(self) -> None:
         self.worker.stop()
 
     # -------------------------------------------------------------------- the routes' handlers
-    async def retrieve(self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
-                       ) -> RetrieveResponse:  # fmt: skip
+    async def retrieve(
+        self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
+    ) -> RetrieveResponse:
         return await handlers.retrieve.retrieve(self.pipeline, self.online, options, query, images)
 
-    async def rerank(self, options: RerankOptions, query: str, documents: Sequence[ImageInput],
-                     sent: Sequence[SentDocument] | None = None) -> RerankResponse:  # fmt: skip
+    async def rerank(
+        self,
+        options: RerankOptions,
+        query: str,
+        documents: Sequence[ImageInput],
+        sent: Sequence[SentDocument] | None = None,
+    ) -> RerankResponse:
         return await handlers.rerank.rerank(self.pipeline, options, query, documents, sent)
 
     def models(self) -> ModelList:
@@ -151,6 +176,7 @@ class Service:
     async def delete_profile(self, name: str, labels: str, n: int) -> ProfileDeleted:
         return await handlers.profiles.delete(self.online, name, labels, n)
 
-    async def rollback_profile(self, name: str, labels: str, n: int, version: int | None
-                               ) -> ProfileRolledBack:  # fmt: skip
+    async def rollback_profile(
+        self, name: str, labels: str, n: int, version: int | None
+    ) -> ProfileRolledBack:
         return await handlers.profiles.rollback(self.online, name, labels, n, version)

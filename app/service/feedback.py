@@ -48,16 +48,24 @@ def raw_drift(snap: FeedbackSnapshot, profile: Profile) -> dict[str, Any] | None
         return None
     live = snap.raw_positions / total
     ref = np.asarray(profile.calibration_position_share)
-    return {"distance": round(float(0.5 * np.abs(live - ref).sum()), 4), "requests": total,
-            "live_share": [round(float(x), 4) for x in live],
-            "calibration_share": [round(float(x), 4) for x in ref]}  # fmt: skip
+    return {
+        "distance": round(float(0.5 * np.abs(live - ref).sum()), 4),
+        "requests": total,
+        "live_share": [round(float(x), 4) for x in live],
+        "calibration_share": [round(float(x), 4) for x in ref],
+    }
 
 
 class OnlineService:
     """The online calibration loop of one model over one profile store and one online store."""
 
-    def __init__(self, settings: Settings, profiles: ProfileService, online: OnlineStore,
-                 config: MethodConfig) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        profiles: ProfileService,
+        online: OnlineStore,
+        config: MethodConfig,
+    ) -> None:
         self.metrics = profiles.metrics
         self.settings = settings
         self.profiles = profiles
@@ -73,8 +81,14 @@ class OnlineService:
             raise errors.translate(exc) or errors.StoreUnavailable(str(exc)) from exc
 
     # ------------------------------------------------------------------ retrieve side
-    async def remember(self, request_id: str | None, key: ProfileKey, version: int | None,
-                       scores: Any, attention: Any) -> None:  # fmt: skip
+    async def remember(
+        self,
+        request_id: str | None,
+        key: ProfileKey,
+        version: int | None,
+        scores: Any,
+        attention: Any,
+    ) -> None:
         """Keep a retrieval's evidence for feedback. Never fails the retrieval: a store that
         cannot take it is logged (that request just cannot receive feedback)."""
         if request_id is None or time.monotonic() < self._skip_until:
@@ -91,8 +105,9 @@ class OnlineService:
 
     async def auto_refresh(self, key: ProfileKey) -> dict[str, Any] | None:
         """Refresh when LAD_FEEDBACK_REFRESH_EVERY new feedback arrived (one replica claims it)."""
-        claimed = await self.call(self.online.claim_refresh, key,
-                                   self.settings.feedback_refresh_every)  # fmt: skip
+        claimed = await self.call(
+            self.online.claim_refresh, key, self.settings.feedback_refresh_every
+        )
         if not claimed:
             return None
         try:
@@ -118,52 +133,87 @@ class OnlineService:
         offline = CalibrationStats.from_dict(live.calibration_statistics)
         fb = online_stats(snap, self.settings.refresh_prior)
         out = refresh_calibration(
-            calibration_of(live), offline, fb, snap.holdout, self.config,
+            calibration_of(live),
+            offline,
+            fb,
+            snap.holdout,
+            self.config,
             min_row_count=self.settings.feedback_min_row_count,
-            min_holdout=self.settings.refresh_min_holdout, force=force,
-        )  # fmt: skip
+            min_holdout=self.settings.refresh_min_holdout,
+            force=force,
+        )
         new, go, reason = out.calibration, out.live, out.reason
         acc_live, acc_new, held = out.accuracy_live, out.accuracy_refreshed, out.held_out
         provenance = {
-            "source": "refresh", "from_version": live.version,
-            "offline_examples": live.num_examples, "feedback": int(snap.count),
-            "feedback_in_sums": int(fb.row_counts.sum()), "held_out": held,
+            "source": "refresh",
+            "from_version": live.version,
+            "offline_examples": live.num_examples,
+            "feedback": int(snap.count),
+            "feedback_in_sums": int(fb.row_counts.sum()),
+            "held_out": held,
             "rows_from_feedback": out.trusted_rows,
             "min_row_count": self.settings.feedback_min_row_count,
             "window": {"first": _iso(snap.first_at), "last": _iso(snap.last_at)},
-            "accuracy_live": acc_live, "accuracy_refreshed": acc_new, "forced": force,
-        }  # fmt: skip
+            "accuracy_live": acc_live,
+            "accuracy_refreshed": acc_new,
+            "forced": force,
+        }
         version = None
         if go:
             refreshed = Profile.create(
-                name=live.name, fingerprint=live.fingerprint, layers=live.layers,
-                bias_matrix=new.bias_matrix, attention_prior=new.attention_prior,
-                num_examples=live.num_examples, num_forward_passes=0,
+                name=live.name,
+                fingerprint=live.fingerprint,
+                layers=live.layers,
+                bias_matrix=new.bias_matrix,
+                attention_prior=new.attention_prior,
+                num_examples=live.num_examples,
+                num_forward_passes=0,
                 hyperparameters=live.hyperparameters,
                 sink_layers=[live.layers[i] for i in new.sink_layers],
                 calibration_position_share=live.calibration_position_share,
-                calibration_statistics=live.calibration_statistics, provenance=provenance,
+                calibration_statistics=live.calibration_statistics,
+                provenance=provenance,
                 diagnostics=live.diagnostics,
-            )  # fmt: skip
+            )
             version = (await self.profiles.put(refreshed)).version
-        decision = {"at": _iso(time.time()), "live": go, "reason": reason, "version": version,
-                    "previous_version": live.version, "accuracy_live": acc_live,
-                    "accuracy_refreshed": acc_new, "held_out": held}  # fmt: skip
+        decision = {
+            "at": _iso(time.time()),
+            "live": go,
+            "reason": reason,
+            "version": version,
+            "previous_version": live.version,
+            "accuracy_live": acc_live,
+            "accuracy_refreshed": acc_new,
+            "held_out": held,
+        }
         if not go:
-            decision["candidate"] = {"bias_matrix": new.bias_matrix.tolist(),
-                                     "attention_prior": new.attention_prior.tolist(),
-                                     "provenance": provenance}  # fmt: skip
+            decision["candidate"] = {
+                "bias_matrix": new.bias_matrix.tolist(),
+                "attention_prior": new.attention_prior.tolist(),
+                "provenance": provenance,
+            }
         await self.call(self.online.record_refresh, key, decision)
         self.metrics.refreshes.labels(decision="live" if go else "candidate").inc()
         logs.note(version=version)
         return RefreshResponse(
-            profile=key.name, labels=key.label_scheme, n=key.n, live=go, reason=reason,
-            version=version, previous_version=live.version, accuracy_live=acc_live,
-            accuracy_refreshed=acc_new, held_out=held, provenance=provenance,
-            bias_matrix=new.bias_matrix.tolist(), attention_prior=new.attention_prior.tolist(),
-            diagnostics={"held_out_accuracy": out.held_out_by_method,
-                         "calibration": live.diagnostics},
-        )  # fmt: skip
+            profile=key.name,
+            labels=key.label_scheme,
+            n=key.n,
+            live=go,
+            reason=reason,
+            version=version,
+            previous_version=live.version,
+            accuracy_live=acc_live,
+            accuracy_refreshed=acc_new,
+            held_out=held,
+            provenance=provenance,
+            bias_matrix=new.bias_matrix.tolist(),
+            attention_prior=new.attention_prior.tolist(),
+            diagnostics={
+                "held_out_accuracy": out.held_out_by_method,
+                "calibration": live.diagnostics,
+            },
+        )
 
     # ------------------------------------------------------------------ status
     def _status(self, key: ProfileKey, profile: Profile) -> dict[str, Any]:
@@ -172,13 +222,16 @@ class OnlineService:
         if last is not None:
             last.pop("candidate", None)  # B and P of a candidate: in the refresh response
         return {
-            "feedback": snap.count, "feedback_held_out": snap.holdout_count,
+            "feedback": snap.count,
+            "feedback_held_out": snap.holdout_count,
             "feedback_since_refresh": snap.since_refresh,
             "feedback_per_row": [int(c) for c in snap.row_counts],
-            "served_requests": snap.unlabelled_count, "drift": raw_drift(snap, profile),
-            "last_refresh": last, "provenance": profile.provenance,
+            "served_requests": snap.unlabelled_count,
+            "drift": raw_drift(snap, profile),
+            "last_refresh": last,
+            "provenance": profile.provenance,
             "diagnostics": profile.diagnostics,
-        }  # fmt: skip
+        }
 
     async def annotate(self, summary: ProfileSummary) -> ProfileSummary:
         """Fill each entry's ``online`` block (GET /v1/profiles/{name})."""
@@ -194,8 +247,9 @@ class OnlineService:
         await self.call(self.online.reset, self.profiles.stored_key(name, labels, n))
 
 
-def calibration_record(stats: CalibrationStats, scores: Any, attention: Any, gt: Any,
-                       config: MethodConfig) -> dict[str, Any]:  # fmt: skip
+def calibration_record(
+    stats: CalibrationStats, scores: Any, attention: Any, gt: Any, config: MethodConfig
+) -> dict[str, Any]:
     """What a calibration stores for online use: its offline sums ``stats`` (refresh blends
     feedback into them), its provenance and its diagnostics (from the same evidence, no
     extra pass)."""

@@ -71,23 +71,27 @@ class Plan:
 class Pipeline:
     """The shared parts and stages of every handler (one model, one queue, one store)."""
 
-    def __init__(self, settings: Settings, runner: RunnerLike, profiles: ProfileService,
-                 metrics: Metrics) -> None:  # fmt: skip
+    def __init__(
+        self, settings: Settings, runner: RunnerLike, profiles: ProfileService, metrics: Metrics
+    ) -> None:
         self.settings = settings
         self.runner = runner
         self.profiles = profiles
         self.metrics = metrics
         self.worker = ModelWorker(runner, settings, metrics)
         self.decoder = Decoder(
-            settings, pixel_budget=runner.image_pixel_budget(),
+            settings,
+            pixel_budget=runner.image_pixel_budget(),
             special_tokens=runner.special_tokens(),
             image_size=getattr(runner, "image_size_for", None),
-        )  # fmt: skip
+        )
         self.method_config = MethodConfig(
-            top_k=settings.top_k, tau=settings.tau,
-            posterior_variant=settings.posterior_variant, mixture=settings.mixture,
+            top_k=settings.top_k,
+            tau=settings.tau,
+            posterior_variant=settings.posterior_variant,
+            mixture=settings.mixture,
             sink_guard=settings.sink_guard,
-        )  # fmt: skip
+        )
 
     @property
     def model_id(self) -> str:
@@ -110,9 +114,12 @@ class Pipeline:
 
     # -------------------------------------------------------------------- plan
     def plan(
-        self, method: str, profile: str, labels: Sequence[Labels],
+        self,
+        method: str,
+        profile: str,
+        labels: Sequence[Labels],
         refuse: Callable[[list[int]], errors.ServiceError],
-    ) -> Plan:  # fmt: skip
+    ) -> Plan:
         """Blocking (a store read): the current profile of every N in ``labels`` when the
         method needs one. Missing ones fall back to vanilla when LAD_FALLBACK_TO_VANILLA is
         on (counted and logged by the caller as such, never hidden), else ``refuse(missing)``
@@ -129,8 +136,9 @@ class Pipeline:
 
     # -------------------------------------------------------------------- run
     @staticmethod
-    def works(query: str, images: Sequence[Image.Image], labels: Labels, rotations: int
-              ) -> list[Work]:  # fmt: skip
+    def works(
+        query: str, images: Sequence[Image.Image], labels: Labels, rotations: int
+    ) -> list[Work]:
         """The first ``rotations`` cyclic orders of the images (1 = as given), one instance
         each, in rotation order."""
         return [
@@ -139,12 +147,16 @@ class Pipeline:
         ]
 
     # -------------------------------------------------------------------- debias
-    def debias(self, method: str, results: Sequence[WorkResult], profile: Profile | None
-               ) -> MethodOutput:  # fmt: skip
+    def debias(
+        self, method: str, results: Sequence[WorkResult], profile: Profile | None
+    ) -> MethodOutput:
         """The method applied to one instance's evidence (``results``: its rotations, the
         identity first; perm_avg reads all of them)."""
         return apply_method(
-            method, results[0].scores, results[0].attention,
-            calibration_of(profile) if profile else None, self.method_config,
+            method,
+            results[0].scores,
+            results[0].attention,
+            calibration_of(profile) if profile else None,
+            self.method_config,
             rotated_scores=[r.scores for r in results],
-        )  # fmt: skip
+        )

@@ -132,15 +132,23 @@ class ProfileService:
 
     def _entry(self, current: Profile, kept: list[Profile] | None) -> ProfileEntry:
         versions = [
-            ProfileVersion(version=p.version, created_at=p.created_at,
-                           num_examples=p.num_examples, current=p.version == current.version)
+            ProfileVersion(
+                version=p.version,
+                created_at=p.created_at,
+                num_examples=p.num_examples,
+                current=p.version == current.version,
+            )
             for p in kept or []
-        ]  # fmt: skip
+        ]
         return ProfileEntry(
-            labels=current.label_scheme, n=current.n, current_version=current.version,
-            created_at=current.created_at, num_examples=current.num_examples,
-            compatible=self.compatible(current), versions=versions,
-        )  # fmt: skip
+            labels=current.label_scheme,
+            n=current.n,
+            current_version=current.version,
+            created_at=current.created_at,
+            num_examples=current.num_examples,
+            compatible=self.compatible(current),
+            versions=versions,
+        )
 
     # ------------------------------------------------------------------ operations
     async def list(self) -> ProfileList:
@@ -177,8 +185,9 @@ class ProfileService:
             scheme = stored_scheme(parse_labels(labels))
             return self.key(name, scheme, n)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError too
-            raise errors.InvalidLabels(f"labels {labels[:80]!r} name no profile key: "
-                                       f"{str(exc).splitlines()[0][:200]}") from None
+            raise errors.InvalidLabels(
+                f"labels {labels[:80]!r} name no profile key: {str(exc).splitlines()[0][:200]}"
+            ) from None
 
     async def delete(self, name: str, labels: str, n: int) -> ProfileDeleted:
         key = self.stored_key(name, labels, n)
@@ -202,8 +211,13 @@ class ProfileService:
         logs.note(previous_version=before.version)
         after = await self.call("rollback", self.store.rollback, key, version)
         logs.note(version=after.version)
-        return ProfileRolledBack(name=name, labels=key.label_scheme, n=n, version=after.version,
-                                 previous_version=before.version)  # fmt: skip
+        return ProfileRolledBack(
+            name=name,
+            labels=key.label_scheme,
+            n=n,
+            version=after.version,
+            previous_version=before.version,
+        )
 
 
 def _not_found(key: ProfileKey) -> errors.ProfileNotFound:

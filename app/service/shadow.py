@@ -50,8 +50,7 @@ def overhead_ratio(captured_ms: dict[str, float], plain_ms: dict[str, float]) ->
 class ShadowSampler:
     """Samples batches and measures them again without capture, on its own thread."""
 
-    def __init__(self, runner: Any, metrics: Metrics, rate: float, seed: int | None = None
-                 ) -> None:  # fmt: skip
+    def __init__(self, runner: Any, metrics: Metrics, rate: float, seed: int | None = None) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"the sample rate must be in [0, 1], got {rate}")
         self.runner = runner
@@ -83,8 +82,9 @@ class ShadowSampler:
         self._pending.put(_STOP)
         thread.join(timeout)
 
-    def offer(self, items: Sequence[RetrievalItem], labels: LabelSpec,
-              timings_ms: dict[str, float]) -> bool:  # fmt: skip
+    def offer(
+        self, items: Sequence[RetrievalItem], labels: LabelSpec, timings_ms: dict[str, float]
+    ) -> bool:
         """Called by the worker after a live batch: queue it for a shadow run if sampled."""
         if self._thread is None or self._random.random() >= self.rate:
             return False

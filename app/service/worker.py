@@ -94,10 +94,12 @@ class ModelWorker:
                     attention=np.asarray(out.attention[j], dtype=np.float64),
                     forward_ms=float(out.timings_ms.get("forward", 0.0)),
                     score_ms=float(out.timings_ms.get("score", 0.0)),
-                    batch_size=len(batch), batch_id=batch_id, started=started,
+                    batch_size=len(batch),
+                    batch_id=batch_id,
+                    started=started,
                     prompt_tokens=tokens[j],
                     process_ms=float(out.timings_ms.get("process", 0.0)),
-                )  # fmt: skip
+                )
         return [r for r in results if r is not None]
 
     async def run(self, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:

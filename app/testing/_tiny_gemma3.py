@@ -84,13 +84,19 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Gemma3Pr
     tokenizer = processor.tokenizer
     layers = int(overrides.pop("num_hidden_layers", len(LAYER_TYPES)))
     text = {
-        "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "query_pre_attn_scalar": 16, "max_position_embeddings": 2048,
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "max_position_embeddings": 2048,
         "sliding_window": SLIDING_WINDOW,
         "layer_types": [LAYER_TYPES[i % len(LAYER_TYPES)] for i in range(layers)],
         "bos_token_id": tokenizer.bos_token_id,
-    }  # fmt: skip
+    }
     text.update(overrides)
     config = Gemma3Config(
         text_config=Gemma3TextConfig(**text),

@@ -32,10 +32,21 @@ from app.models.glm4v import Glm4vProcessorNoVideo
 from app.testing.tiny_models import byte_level_tokenizer
 
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
-    "<|begin_of_image|>", "<|end_of_image|>", "<|image|>",
-    "<|begin_of_video|>", "<|end_of_video|>", "<|video|>", "<think>", "</think>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|video|>",
+    "<think>",
+    "</think>",
+)
 
 CHAT_TEMPLATE = (
     "[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n"
@@ -71,29 +82,41 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         "num_key_value_heads": int(overrides.pop("num_key_value_heads", max(1, heads // 2))),
         "max_position_embeddings": int(overrides.pop("max_position_embeddings", 4096)),
         "rope_parameters": {
-            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
             "mrope_section": [head_dim // 8, head_dim // 16, head_dim // 16],
         },
         "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]],
         "pad_token_id": ids["<|endoftext|>"],
-    }  # fmt: skip
+    }
     if moe:
         text.update(
-            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-            moe_intermediate_size=32, first_k_dense_replace=1,
-        )  # fmt: skip
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        )
     dtype = overrides.pop("dtype", torch.float32)
     if overrides:
         raise TypeError(f"unknown overrides for glm4v: {sorted(overrides)}")
     vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-        "image_size": 56, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
         "out_hidden_size": hidden,
-    }  # fmt: skip
+    }
     config_cls, model_cls = (
         (Glm4vMoeConfig, Glm4vMoeForConditionalGeneration)
-        if moe else (Glm4vConfig, Glm4vForConditionalGeneration)
-    )  # fmt: skip
+        if moe
+        else (Glm4vConfig, Glm4vForConditionalGeneration)
+    )
     config = config_cls(
         text_config=text,
         vision_config=vision,

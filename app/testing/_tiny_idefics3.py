@@ -45,10 +45,14 @@ IDEFICS3_CHAT_TEMPLATE = (
     "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 SPECIAL_TOKENS = [
-    "<|begin_of_text|>", "<fake_token_around_image>", "<image>", "<global-img>",
-    "<end_of_utterance>", "<video>",
+    "<|begin_of_text|>",
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    "<video>",
     *(f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)),
-]  # fmt: skip
+]
 FAMILY_CLASSES = {
     "idefics3": (Idefics3Config, Idefics3VisionConfig, Idefics3ForConditionalGeneration),
     "smolvlm": (SmolVLMConfig, SmolVLMVisionConfig, SmolVLMForConditionalGeneration),
@@ -90,10 +94,15 @@ def build(
     processor = build_processor(family)
     tokenizer = processor.tokenizer
     text = {
-        "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 2048, "tie_word_embeddings": False,
-    }  # fmt: skip
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
     text.update(overrides)
     config = config_cls(
         vision_config=vision_cls(**TINY_TOWER, image_size=TILE, patch_size=PATCH_SIZE),

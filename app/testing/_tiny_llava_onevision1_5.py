@@ -62,12 +62,19 @@ class StandInForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
             length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
             position_ids = torch.arange(start, start + length).unsqueeze(0)
         return super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-            use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, pixel_values=pixel_values,
-            image_grid_thw=image_grid_thw, cache_position=cache_position,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            cache_position=cache_position,
+        )
 
 
 def build(seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:

@@ -42,9 +42,16 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
 )
 SPECIAL_TOKENS = [
-    "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
-    "[IMG]", "[IMG_BREAK]", "[IMG_END]",
-]  # fmt: skip
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[IMG]",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+]
 
 
 def build_processor() -> Any:
@@ -72,11 +79,17 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         processor.image_processor.size = {"longest_edge": int(side)}
     tokenizer = processor.tokenizer
     text = {
-        "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "max_position_embeddings": 2048, "sliding_window": None,
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+        "sliding_window": None,
         "tie_word_embeddings": False,
-    }  # fmt: skip
+    }
     text.update(overrides)
     config = Mistral3Config(
         vision_config=PixtralVisionConfig(

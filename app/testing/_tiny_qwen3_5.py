@@ -50,9 +50,12 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         partial_rotary_factor=0.5, mrope_section=[head_dim // 8, head_dim // 16, head_dim // 16]
     )
     text.update(
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4,
-    )  # fmt: skip
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    )
     if moe:  # experts replace the dense MLP
         text.pop("intermediate_size")
         text.update(MOE_TEXT, shared_expert_intermediate_size=32)
@@ -61,8 +64,9 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         raise TypeError(f"unknown overrides for qwen3_5: {sorted(overrides)}")
     classes = (
         (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)
-        if moe else (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
-    )  # fmt: skip
+        if moe
+        else (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
+    )
     model = seeded_model(classes, text, ids, seed, dtype)
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE

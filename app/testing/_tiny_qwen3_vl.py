@@ -86,10 +86,14 @@ def tokenizer_and_image_processor(
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     side = int(overrides.pop("image_pixels", 64))
     image_processor = Qwen2VLImageProcessorPil(
-        patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2,
-        min_pixels=side * side, max_pixels=side * side,
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-    )  # fmt: skip
+        patch_size=PATCH_SIZE,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=side * side,
+        max_pixels=side * side,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
     return tokenizer, image_processor, ids
 
 
@@ -105,11 +109,17 @@ def seeded_model(
     settings) and ``text``, seeded, in ``dtype``."""
     config_cls, model_cls = classes
     vision = {
-        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-        "out_hidden_size": text["hidden_size"], "patch_size": PATCH_SIZE,
-        "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": text["hidden_size"],
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 64,
         **tower,
-    }  # fmt: skip
+    }
     config = config_cls(
         text_config=text,
         vision_config=vision,
@@ -134,8 +144,9 @@ def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
         raise TypeError(f"unknown overrides for qwen3_vl: {sorted(overrides)}")
     classes = (
         (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
-        if moe else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
-    )  # fmt: skip
+        if moe
+        else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    )
     model = seeded_model(classes, text, ids, seed, dtype, deepstack_visual_indexes=[0])
     processor = Qwen3VLProcessorNoVideo(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE

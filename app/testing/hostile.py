@@ -46,8 +46,9 @@ def png_with_chunks(kind: bytes, data: bytes, count: int) -> bytes:
 def exif_with_broken_tags(tags: int) -> bytes:
     """An EXIF block (big-endian TIFF) whose ``tags`` entries all point past its end:
     reading it makes Pillow warn once per tag, each with its own message."""
-    entries = b"".join(struct.pack(">HHLL", (0x1000 + i) & 0xFFFF, 7, 1 << 30, 8)
-                       for i in range(tags))  # fmt: skip
+    entries = b"".join(
+        struct.pack(">HHLL", (0x1000 + i) & 0xFFFF, 7, 1 << 30, 8) for i in range(tags)
+    )
     return b"MM\x00\x2a" + struct.pack(">LH", 8, tags) + entries + b"\x00\x00\x00\x00"
 
 
@@ -56,8 +57,9 @@ def png_with_exif(exif: bytes) -> bytes:
     return png_with_chunks(b"eXIf", exif, 1)
 
 
-def multipart_form(boundary: bytes, images: list[bytes], *, close: bool = True,
-                   cut: int = 0) -> bytes:  # fmt: skip
+def multipart_form(
+    boundary: bytes, images: list[bytes], *, close: bool = True, cut: int = 0
+) -> bytes:
     """A retrieve form (query, method=vanilla, the images); ``close=False`` leaves out the
     closing boundary, ``cut`` drops that many bytes from the end."""
     parts = [
@@ -65,9 +67,13 @@ def multipart_form(boundary: bytes, images: list[bytes], *, close: bool = True,
         b'--%s\r\nContent-Disposition: form-data; name="method"\r\n\r\nvanilla\r\n' % boundary,
     ]
     for i, image in enumerate(images):
-        parts.append(b'--%s\r\nContent-Disposition: form-data; name="images"; '
-                     b'filename="%d.png"\r\nContent-Type: image/png\r\n\r\n' % (boundary, i)
-                     + image + b"\r\n")  # fmt: skip
+        parts.append(
+            b'--%s\r\nContent-Disposition: form-data; name="images"; '
+            b'filename="%d.png"\r\nContent-Type: image/png\r\n\r\n'
+            % (boundary, i)
+            + image
+            + b"\r\n"
+        )
     if close:
         parts.append(b"--%s--\r\n" % boundary)
     body = b"".join(parts)

@@ -105,10 +105,17 @@ def _qwen(shape: dict[str, Any], seed: int, dtype: torch.dtype, device: str) -> 
     tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     text = dict(shape["text_config"])
-    rope = {"rope_type": "default", "rope_theta": text.pop("rope_theta"),
-            "mrope_section": text.pop("mrope_section")}  # fmt: skip
-    text.update(rope_parameters=rope, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
-                pad_token_id=ids["<|endoftext|>"])  # fmt: skip
+    rope = {
+        "rope_type": "default",
+        "rope_theta": text.pop("rope_theta"),
+        "mrope_section": text.pop("mrope_section"),
+    }
+    text.update(
+        rope_parameters=rope,
+        bos_token_id=None,
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
     vision = {**shape["vision_config"], "out_hidden_size": text["hidden_size"]}
     config = Qwen2_5_VLConfig(
         text_config=text,

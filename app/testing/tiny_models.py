@@ -43,12 +43,18 @@ last 42 %), five candidate layers for K = 2, where the default 4 layers give Λ 
 ``build_tiny(family, num_hidden_layers=DEEP_LAYERS)``."""
 
 FAMILIES: tuple[str, ...] = (
-    "qwen2_5_vl", "qwen2_vl", "llava_onevision", "internvl",
+    "qwen2_5_vl",
+    "qwen2_vl",
+    "llava_onevision",
+    "internvl",
     "qwen3_vl",
     "qwen3_5",
     "glm4v",
-    "gemma3", "idefics3", "smolvlm", "mistral3",
-)  # fmt: skip
+    "gemma3",
+    "idefics3",
+    "smolvlm",
+    "mistral3",
+)
 _OTHER_FAMILIES = {
     "llava_onevision": "app.testing._tiny_llava_onevision",
     "internvl": "app.testing._tiny_internvl",
@@ -159,10 +165,17 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
     hidden = text["hidden_size"]
     if family == "qwen2_5_vl":
         vision = {
-            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2,
-            "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
-        }  # fmt: skip
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        }
         config_cls, model_cls, processor_cls = (
             Qwen2_5_VLConfig,
             Qwen2_5_VLForConditionalGeneration,
@@ -170,9 +183,15 @@ def _build_qwen(family: str, seed: int, **overrides: Any) -> tuple[torch.nn.Modu
         )
     else:
         vision = {
-            "depth": 2, "embed_dim": 32, "hidden_size": hidden, "mlp_ratio": 2, "num_heads": 2,
-            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-        }  # fmt: skip
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": hidden,
+            "mlp_ratio": 2,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
         config_cls, model_cls, processor_cls = (
             Qwen2VLConfig,
             Qwen2VLForConditionalGeneration,

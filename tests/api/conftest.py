@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from app.demo.world import RetrievalExample, make_items
 from app.main import create_app
 from app.settings import Settings
-from app.testing.tiny_models import tiny_runner
 from calibration_store import ProfileStore, open_store
 from tests.api.helpers import calibration_body
 
@@ -25,8 +24,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def runner() -> Any:
-    return tiny_runner("qwen2_5_vl")
+def runner(shared_runner: Callable[..., Any]) -> Any:
+    return shared_runner("qwen2_5_vl")
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +52,13 @@ def make_client(runner: Any) -> Iterator[AppFactory]:
     """`make_client(runner=..., store=..., **settings)` -> a started TestClient (closed after)."""
     with ExitStack() as stack:
 
-        def factory(*, runner_override: Any = None, store: ProfileStore | None = None,
-                    raise_server_exceptions: bool = True, **overrides: Any) -> TestClient:
+        def factory(
+            *,
+            runner_override: Any = None,
+            store: ProfileStore | None = None,
+            raise_server_exceptions: bool = True,
+            **overrides: Any,
+        ) -> TestClient:
             values: dict[str, Any] = {"store_url": "memory://", **overrides}
             settings = Settings(_env_file=None, **values)
             if store is None and values["store_url"] == "memory://":
@@ -89,8 +93,9 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         options = {**uvicorn_options(settings), "log_level": "warning"}
         self.server = uvicorn.Server(uvicorn.Config(app, **options))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
         self.thread.start()
         import time
 

@@ -14,8 +14,9 @@ from lad_client.types import CalibrateResponse, ProfileList, RetrieveResponse
 from tests.api.helpers import png_bytes
 
 
-def test_client_calibrates_retrieves_and_manages_profiles(make_client, items, calibration_items,
-                                                          tmp_path):
+def test_client_calibrates_retrieves_and_manages_profiles(
+    make_client, items, calibration_items, tmp_path
+):
     http = make_client(admin_token="admin-secret")
     lad = LadClient(http=http, admin_token="admin-secret")
 
@@ -65,8 +66,9 @@ def _flaky(answers: list[tuple[int, dict[str, str]]], seen: list[float]):
         seen.append(time.monotonic())
         if answers:
             status, headers = answers.pop(0)
-            body = {"error": {"code": "overloaded" if status == 429 else "not_ready",
-                              "message": "busy"}}
+            body = {
+                "error": {"code": "overloaded" if status == 429 else "not_ready", "message": "busy"}
+            }
             return httpx.Response(status, json=body, headers=headers)
         return httpx.Response(200, json={"model": "m", "profiles": []})
 
@@ -87,8 +89,9 @@ def test_sync_client_retries_429_and_503_honouring_retry_after():
 def test_retries_give_up_with_the_last_error():
     seen: list[float] = []
     transport = httpx.MockTransport(_flaky([(503, {})] * 5, seen))
-    lad = LadClient(http=httpx.Client(base_url="http://lad", transport=transport), retries=2,
-                    backoff_s=0.001)
+    lad = LadClient(
+        http=httpx.Client(base_url="http://lad", transport=transport), retries=2, backoff_s=0.001
+    )
     with pytest.raises(LadError) as failed:
         lad.profiles()
     assert failed.value.status == 503 and len(seen) == 3
@@ -154,7 +157,6 @@ def test_client_reranks_and_calibrates_every_n(live_server):
     assert asyncio.run(run()).results == ranked.results  # same seed, same ranking
     everything = lad.rerank(many.query, many.images, method="vanilla", window=3)
     assert sorted(r.index for r in everything.results) == list(range(9))
-
 
 
 def test_the_route_table_is_what_the_app_serves(make_client):

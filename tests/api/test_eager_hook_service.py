@@ -10,7 +10,6 @@ import pytest
 
 from app.engine import debias
 from app.engine.attention import EAGER_HOOK_CAPTURE
-from app.testing.tiny_models import tiny_runner
 from calibration_store import open_store
 from tests.api.helpers import retrieve_body
 from tests.api.test_sink_guard import SinkRunner
@@ -19,12 +18,13 @@ LAMBDA = [7, 8, 9, 10, 11]
 
 
 @pytest.fixture(scope="module")
-def deep_runner():
-    return tiny_runner("qwen2_5_vl", num_hidden_layers=12, capture=EAGER_HOOK_CAPTURE)
+def deep_runner(shared_runner):
+    return shared_runner("qwen2_5_vl", num_hidden_layers=12, capture=EAGER_HOOK_CAPTURE)
 
 
-def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_runner, items,
-                                                              calibrate_json) -> None:  # fmt: skip
+def test_layer_selection_sink_guard_and_priors_run_end_to_end(
+    make_client, deep_runner, items, calibrate_json
+) -> None:
     client = make_client(runner_override=SinkRunner(deep_runner))
     cal = client.post("/v1/calibrate", json=calibrate_json)
     assert cal.status_code == 200, cal.text
@@ -43,12 +43,12 @@ def test_layer_selection_sink_guard_and_priors_run_end_to_end(make_client, deep_
     np.testing.assert_allclose(body["posterior"], expected, atol=1e-9)
 
 
-def test_a_profile_of_the_other_capture_is_refused(make_client, deep_runner, items,
-                                                   calibrate_json) -> None:  # fmt: skip
+def test_a_profile_of_the_other_capture_is_refused(
+    make_client, deep_runner, items, calibrate_json, shared_runner
+) -> None:
     store = open_store("memory://")
-    sdpa = tiny_runner("qwen2_5_vl", num_hidden_layers=12)
-    made = make_client(runner_override=sdpa, store=store).post("/v1/calibrate",
-                                                               json=calibrate_json)  # fmt: skip
+    sdpa = shared_runner("qwen2_5_vl", num_hidden_layers=12)
+    made = make_client(runner_override=sdpa, store=store).post("/v1/calibrate", json=calibrate_json)
     assert made.status_code == 200, made.text
     served = make_client(runner_override=deep_runner, store=store)
     answer = served.post("/v1/retrieve", json=retrieve_body(items[0]))

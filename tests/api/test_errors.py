@@ -28,16 +28,18 @@ def _body(items, **changes):
 def test_bad_base64(client, items):
     images = [b64(im) for im in items[0].images]
     images[1] = "not base64 at all!!!"
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images)),
-                 400, "invalid_image")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images)), 400, "invalid_image"
+    )
     assert "images[1]" in msg
 
 
 def test_base64_that_is_not_an_image(client, items):
     images = [b64(im) for im in items[0].images]
     images[2] = base64.b64encode(b"hello, I am text and not a picture").decode()
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images)),
-                 400, "invalid_image")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images)), 400, "invalid_image"
+    )
     assert "images[2]" in msg
 
 
@@ -57,11 +59,13 @@ def test_data_url_that_is_not_an_image_type(client, items):
 def test_too_many_and_too_few_images(make_client, items):
     client = make_client(max_images=4)
     images = [b64(items[0].images[0])] * 5
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images)),
-                 422, "too_many_images")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images)), 422, "too_many_images"
+    )
     assert "LAD_MAX_IMAGES=4" in msg
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images[:1])),
-                 422, "invalid_request")  # the schema says minItems 2
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images[:1])), 422, "invalid_request"
+    )  # the schema says minItems 2
     assert "images" in msg
     _error(client.post("/v1/retrieve", json=_body(items, images=[])), 422, "invalid_request")
 
@@ -70,16 +74,19 @@ def test_image_too_large_in_bytes_and_pixels(make_client, items):
     client = make_client(max_image_bytes=2000, max_image_pixels=100 * 100)
     noisy = Image.effect_noise((64, 64), 100).convert("RGB")  # incompressible PNG > 2000 B
     images = [b64(items[0].images[0]), b64(noisy), b64(items[0].images[1])]
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images)),
-                 413, "image_too_large")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images)), 413, "image_too_large"
+    )
     assert "LAD_MAX_IMAGE_BYTES" in msg
     big = Image.new("RGB", (200, 200), "white")  # tiny file, 40000 pixels
     images = [b64(items[0].images[0]), b64(big), b64(items[0].images[1])]
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images)),
-                 413, "image_too_large")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images)), 413, "image_too_large"
+    )
     assert "LAD_MAX_IMAGE_PIXELS" in msg
-    r = client.post("/v1/retrieve", data={"query": "x"},
-                    files=multipart_files([items[0].images[0], noisy]))
+    r = client.post(
+        "/v1/retrieve", data={"query": "x"}, files=multipart_files([items[0].images[0], noisy])
+    )
     _error(r, 413, "image_too_large")
 
 
@@ -87,39 +94,51 @@ def test_query_empty_blank_and_too_long(make_client, items):
     client = make_client(max_query_chars=20)
     _error(client.post("/v1/retrieve", json=_body(items, query="")), 422, "invalid_request")
     _error(client.post("/v1/retrieve", json=_body(items, query="   ")), 422, "invalid_query")
-    msg = _error(client.post("/v1/retrieve", json=_body(items, query="x" * 21)),
-                 422, "invalid_query")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, query="x" * 21)), 422, "invalid_query"
+    )
     assert "LAD_MAX_QUERY_CHARS=20" in msg
 
 
 def test_unknown_method_labels_and_fields(client, items):
-    msg = _error(client.post("/v1/retrieve", json=_body(items, method="magic")),
-                 422, "invalid_request")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, method="magic")), 422, "invalid_request"
+    )
     assert "method" in msg
     _error(client.post("/v1/retrieve", json=_body(items, labels="klingon")), 422, "invalid_labels")
-    _error(client.post("/v1/retrieve", json=_body(items, labels=["x", "y"])),
-           422, "invalid_labels")  # 2 labels for N=3
-    _error(client.post("/v1/retrieve", json=_body(items, labels=["x", "x", "y"])),
-           422, "invalid_labels")
-    msg = _error(client.post("/v1/retrieve", json=_body(items, labels=["<|im_end|>", "b", "c"])),
-                 422, "invalid_labels")  # the end-of-turn token cannot be a label
+    _error(
+        client.post("/v1/retrieve", json=_body(items, labels=["x", "y"])), 422, "invalid_labels"
+    )  # 2 labels for N=3
+    _error(
+        client.post("/v1/retrieve", json=_body(items, labels=["x", "x", "y"])),
+        422,
+        "invalid_labels",
+    )
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, labels=["<|im_end|>", "b", "c"])),
+        422,
+        "invalid_labels",
+    )  # the end-of-turn token cannot be a label
     assert "special token '<|im_end|>'" in msg
     _error(client.post("/v1/retrieve", json=_body(items, surprise=1)), 422, "invalid_request")
-    _error(client.post("/v1/retrieve", json=_body(items, profile="../etc")), 422,
-           "invalid_request")
+    _error(client.post("/v1/retrieve", json=_body(items, profile="../etc")), 422, "invalid_request")
 
 
 def test_n_larger_than_the_label_scheme_allows(make_client, items):
     client = make_client(max_images=30)
     images = [b64(items[0].images[i % 3]) for i in range(27)]
-    msg = _error(client.post("/v1/retrieve", json=_body(items, images=images, labels="upper")),
-                 422, "invalid_labels")
+    msg = _error(
+        client.post("/v1/retrieve", json=_body(items, images=images, labels="upper")),
+        422,
+        "invalid_labels",
+    )
     assert "26" in msg
 
 
 def test_malformed_json_wrong_type_and_media_type(client, items):
-    r = client.post("/v1/retrieve", content=b"{not json", headers={"content-type":
-                                                                   "application/json"})
+    r = client.post(
+        "/v1/retrieve", content=b"{not json", headers={"content-type": "application/json"}
+    )
     _error(r, 422, "invalid_request")
     _error(client.post("/v1/retrieve", json=["a", "list"]), 422, "invalid_request")
     r = client.post("/v1/retrieve", content=b"query=x", headers={"content-type": "text/plain"})
@@ -140,8 +159,9 @@ def test_multipart_problems(client, items):
 
 def test_declared_body_too_large(make_client, items):
     client = make_client(max_body_bytes=1_000_000)
-    r = client.post("/v1/retrieve", content=b"x" * 2_000_000,
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/retrieve", content=b"x" * 2_000_000, headers={"content-type": "application/json"}
+    )
     assert "LAD_MAX_BODY_BYTES" in _error(r, 413, "payload_too_large")
     assert r.headers["connection"] == "close"
 

@@ -43,8 +43,9 @@ def test_feedback_counts_once_and_shows_on_the_profile(make_client, items, calib
     assert again.status_code == 200
     assert again.json()["counted"] is False and again.json()["answer"] == items[0].target
     for rid, item in zip(ids[1:], items[1:4], strict=True):
-        assert client.post("/v1/feedback", json={"request_id": rid, "answer": item.target}
-                           ).json()["counted"]  # fmt: skip
+        assert client.post("/v1/feedback", json={"request_id": rid, "answer": item.target}).json()[
+            "counted"
+        ]
     online = client.get("/v1/profiles/default").json()["entries"][0]["online"]
     assert online["feedback"] == 4 and online["served_requests"] == 4
     assert sum(online["feedback_per_row"]) + online["feedback_held_out"] == 4
@@ -63,8 +64,12 @@ def test_unknown_and_invalid_feedback(make_client, items, calibrate_json):
     assert r.status_code == 422
     r = client.post("/v1/feedback", json={"request_id": rid, "answer": -1})
     assert r.status_code == 422
-    assert client.post("/v1/feedback", content=b"x", headers={"content-type": "text/plain"}
-                       ).status_code == 415  # fmt: skip
+    assert (
+        client.post(
+            "/v1/feedback", content=b"x", headers={"content-type": "text/plain"}
+        ).status_code
+        == 415
+    )
 
 
 def test_expired_evidence_is_404(make_client, items, calibrate_json):
@@ -95,8 +100,11 @@ def test_feedback_auth(make_client, items, calibrate_json):
     admin = client.post("/v1/feedback", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
     assert admin.status_code == 200 and not admin.json()["counted"]
     # refresh is an admin route: the retrieve token is not enough
-    r = client.post("/v1/profiles/default/refresh", params={"n": 3},
-                    headers={"Authorization": f"Bearer {RETRIEVE}"})  # fmt: skip
+    r = client.post(
+        "/v1/profiles/default/refresh",
+        params={"n": 3},
+        headers={"Authorization": f"Bearer {RETRIEVE}"},
+    )
     assert r.status_code == 403
 
 
@@ -107,13 +115,17 @@ N, LAYERS = 3, None
 def _flat_profile(runner: Any) -> Profile:
     """A live version with B = 0 and a uniform prior, from 5 offline examples of zeros."""
     layers = list(runner.layers)
-    offline = CalibrationStats(np.zeros((N, N)), np.full(N, 5), np.full((len(layers), N), 15.0),
-                               15)  # fmt: skip
+    offline = CalibrationStats(np.zeros((N, N)), np.full(N, 5), np.full((len(layers), N), 15.0), 15)
     return Profile.create(
-        name="default", fingerprint=runner.fingerprint("digits", N), layers=layers,
-        bias_matrix=np.zeros((N, N)), attention_prior=np.full((len(layers), N), 1.0),
-        num_examples=5, num_forward_passes=15, calibration_statistics=offline.to_dict(),
-    )  # fmt: skip
+        name="default",
+        fingerprint=runner.fingerprint("digits", N),
+        layers=layers,
+        bias_matrix=np.zeros((N, N)),
+        attention_prior=np.full((len(layers), N), 1.0),
+        num_examples=5,
+        num_forward_passes=15,
+        calibration_statistics=offline.to_dict(),
+    )
 
 
 def _feed(client, runner: Any, rows: dict[bool, Any], count: int) -> None:
@@ -194,8 +206,9 @@ def test_a_client_cannot_choose_which_feedback_is_held_out(make_client, calibrat
     ids = [rid for rid in (f"pick-{i}" for i in range(1000)) if _old_rule(rid)][:40]
     held = 0
     for i, rid in enumerate(ids):
-        r = client.post("/v1/retrieve", json=retrieve_body(items[i % len(items)]),
-                        headers={"X-Request-ID": rid})  # fmt: skip
+        r = client.post(
+            "/v1/retrieve", json=retrieve_body(items[i % len(items)]), headers={"X-Request-ID": rid}
+        )
         assert r.status_code == 200 and r.json()["request_id"] == rid
         fb = client.post("/v1/feedback", json={"request_id": rid, "answer": 0}).json()
         assert fb["counted"], fb
@@ -242,8 +255,9 @@ def test_too_little_held_out_feedback_keeps_a_candidate(make_client, runner):
 def test_automatic_refresh_after_the_threshold(make_client, runner):
     store = open_store("memory://")
     store.put(_flat_profile(runner))
-    client = make_client(store=store, feedback_min_row_count=5, refresh_min_holdout=1,
-                         feedback_refresh_every=30)  # fmt: skip
+    client = make_client(
+        store=store, feedback_min_row_count=5, refresh_min_holdout=1, feedback_refresh_every=30
+    )
     service = client.app.state.service
     key = service.profiles.key("default", "digits", N)
     flat = np.full((len(runner.layers), N), 1.0)
@@ -305,8 +319,7 @@ class _AsyncBridge:
         return None
 
 
-def test_file_backend_keeps_feedback_across_a_restart(make_client, items, calibrate_json,
-                                                      tmp_path):  # fmt: skip
+def test_file_backend_keeps_feedback_across_a_restart(make_client, items, calibrate_json, tmp_path):
     first = _calibrated(make_client, calibrate_json, store_url=str(tmp_path))
     rid = _retrieve(first, items[0])
     assert first.post("/v1/feedback", json={"request_id": rid, "answer": 1}).json()["counted"]

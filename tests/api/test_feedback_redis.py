@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 def replicas(runner: Any, redis_prefix: str):
     servers = []
     for _ in range(2):
-        settings = Settings(_env_file=None, store_url=REDIS_URL, store_key_prefix=redis_prefix,
-                            max_queue=256)  # fmt: skip
+        settings = Settings(
+            _env_file=None, store_url=REDIS_URL, store_key_prefix=redis_prefix, max_queue=256
+        )
         servers.append(LiveServer(create_app(settings, runner=runner), settings))
     yield servers
     for server in servers:
@@ -72,15 +73,16 @@ def test_concurrent_feedback_from_two_replicas_counts_each_once(replicas, items,
     barrier = threading.Barrier(2)
 
     def send(url: str, rid: str, answer: int) -> bool:
-        r = httpx.post(f"{url}/v1/feedback", json={"request_id": rid, "answer": answer},
-                       timeout=30)  # fmt: skip
+        r = httpx.post(f"{url}/v1/feedback", json={"request_id": rid, "answer": answer}, timeout=30)
         assert r.status_code == 200, r.text
         return bool(r.json()["counted"])
 
     def both(rid: str, answer: int) -> list[bool]:
         with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(lambda u=u: (barrier.wait(), send(u, rid, answer))[1])
-                       for u in (a.url, b.url)]  # fmt: skip
+            futures = [
+                pool.submit(lambda u=u: (barrier.wait(), send(u, rid, answer))[1])
+                for u in (a.url, b.url)
+            ]
             return [f.result() for f in futures]
 
     with ThreadPoolExecutor(4) as outer:

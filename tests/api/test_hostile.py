@@ -80,8 +80,10 @@ class Case:
 def _retrieve(**changes: Any) -> Callable[[Any, dict[str, Any]], Any]:
     def send(client: Any, body: dict[str, Any]) -> Any:
         payload = {**body, **changes}
-        return client.post("/v1/retrieve", json={k: v for k, v in payload.items()
-                                                 if v is not _DROP})
+        return client.post(
+            "/v1/retrieve", json={k: v for k, v in payload.items() if v is not _DROP}
+        )
+
     return send
 
 
@@ -89,21 +91,28 @@ def _images(*images: str) -> Callable[[Any, dict[str, Any]], Any]:
     return _retrieve(images=list(images))
 
 
-def _raw(content: bytes, media: str | None = "application/json", path: str = "/v1/retrieve",
-         **headers: str) -> Callable[[Any, dict[str, Any]], Any]:
+def _raw(
+    content: bytes,
+    media: str | None = "application/json",
+    path: str = "/v1/retrieve",
+    **headers: str,
+) -> Callable[[Any, dict[str, Any]], Any]:
     def send(client: Any, body: dict[str, Any]) -> Any:
         all_headers = {**({"content-type": media} if media else {}), **headers}
         return client.post(path, content=content, headers=all_headers)
+
     return send
 
 
 def _calibrate(change: Callable[[dict[str, Any]], None]) -> Callable[[Any, dict[str, Any]], Any]:
     def send(client: Any, body: dict[str, Any]) -> Any:
-        examples = [{"query": "a red square", "images": [GOOD] * 3, "answer": i % 3}
-                    for i in range(3)]
+        examples = [
+            {"query": "a red square", "images": [GOOD] * 3, "answer": i % 3} for i in range(3)
+        ]
         payload = {"examples": examples}
         change(payload)
         return client.post("/v1/calibrate", json=payload)
+
     return send
 
 
@@ -111,15 +120,21 @@ def _get(method: str, path: str, **kwargs: Any) -> Callable[[Any, dict[str, Any]
     return lambda client, body: client.request(method, path, **kwargs)
 
 
-def _form(data: dict[str, Any], files: list[Any] | None = None,
-          media: str | None = None) -> Callable[[Any, dict[str, Any]], Any]:
+def _form(
+    data: dict[str, Any], files: list[Any] | None = None, media: str | None = None
+) -> Callable[[Any, dict[str, Any]], Any]:
     def send(client: Any, body: dict[str, Any]) -> Any:
         if media is not None:
-            return client.post("/v1/retrieve", content=b"--x\r\nnot a form", headers={
-                "content-type": media})
-        parts = files if files is not None else [
-            ("images", (f"{i}.png", base64.b64decode(GOOD), "image/png")) for i in range(3)]
+            return client.post(
+                "/v1/retrieve", content=b"--x\r\nnot a form", headers={"content-type": media}
+            )
+        parts = (
+            files
+            if files is not None
+            else [("images", (f"{i}.png", base64.b64decode(GOOD), "image/png")) for i in range(3)]
+        )
         return client.post("/v1/retrieve", data=data, files=parts)
+
     return send
 
 
@@ -153,10 +168,15 @@ CASES: dict[str, Case] = {
     "ico": Case(415, "unsupported_image_format", _images(GOOD, ICO)),
     "decompression-bomb-png": Case(413, "image_too_large", _images(GOOD, BOMB)),
     "bomb-gif-screen": Case(413, "image_too_large", _images(GOOD, _b(_huge_gif_screen()))),
-    "pixel-budget": Case(413, "image_too_large", _images(*[_enc(Image.new("RGB", (200, 200)))] * 2),
-                         settings={"max_request_pixels": 50_000}),
-    "image-bytes-limit": Case(413, "image_too_large", _images(GOOD, _b(PNG_RAW)),
-                              settings={"max_image_bytes": 1000}),
+    "pixel-budget": Case(
+        413,
+        "image_too_large",
+        _images(*[_enc(Image.new("RGB", (200, 200)))] * 2),
+        settings={"max_request_pixels": 50_000},
+    ),
+    "image-bytes-limit": Case(
+        413, "image_too_large", _images(GOOD, _b(PNG_RAW)), settings={"max_image_bytes": 1000}
+    ),
     "aspect-1x4000": Case(422, "unsupported_image", _images(GOOD, _enc(Image.new("L", (1, 4000))))),
     "aspect-4000x1": Case(422, "unsupported_image", _images(GOOD, _enc(Image.new("L", (4000, 1))))),
     "sixteen-bit-png": Case(200, None, _images(GOOD, DEEP_16)),
@@ -165,51 +185,94 @@ CASES: dict[str, Case] = {
     "animated-gif": Case(200, None, _images(GOOD, _frames("GIF"))),
     "animated-webp": Case(200, None, _images(GOOD, _frames("WEBP"))),
     "exif-rotated-jpeg": Case(200, None, _images(GOOD, _rotated())),
-    "jpeg-200k-empty-app15": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.jpeg_with_app_segments(200_000)))),
-    "jpeg-1025-empty-app1": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.jpeg_with_app_segments(1025, 0xE1)))),
-    "jpeg-1000-app-segments-is-200": Case(200, None, _images(
-        GOOD, _b(hostile.jpeg_with_app_segments(1000)))),
-    "jpeg-fill-bytes": Case(422, "unsupported_image", _images(GOOD, _b(
-        hostile.small_image("JPEG")[:2] + b"\xff" * 100_000 + hostile.small_image("JPEG")[2:]))),
-    "jpeg-300-scans": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.small_image("JPEG") + b"\xff\xda\x00\x02" * 300))),
-    "png-100k-empty-chunks": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.png_with_chunks(b"prVt", b"", 100_000)))),
-    "png-600-text-chunks": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.png_with_chunks(b"tEXt", b"k\x00v", 600)))),
-    "png-text-over-4-mib": Case(400, "invalid_image", _images(GOOD, _b(hostile.png_with_chunks(
-        b"zTXt", b"k\x00\x00" + zlib.compress(b"v" * 1_000_000), 5)))),
-    "png-exif-70k": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.png_with_exif(hostile.exif_with_broken_tags(6000))))),
-    "gif-100k-comment-blocks": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.gif_with_comment_blocks(100_000)))),
-    "webp-exif-70k": Case(422, "unsupported_image", _images(
-        GOOD, _b(hostile.webp_with_exif(hostile.exif_with_broken_tags(6000))))),
+    "jpeg-200k-empty-app15": Case(
+        422, "unsupported_image", _images(GOOD, _b(hostile.jpeg_with_app_segments(200_000)))
+    ),
+    "jpeg-1025-empty-app1": Case(
+        422, "unsupported_image", _images(GOOD, _b(hostile.jpeg_with_app_segments(1025, 0xE1)))
+    ),
+    "jpeg-1000-app-segments-is-200": Case(
+        200, None, _images(GOOD, _b(hostile.jpeg_with_app_segments(1000)))
+    ),
+    "jpeg-fill-bytes": Case(
+        422,
+        "unsupported_image",
+        _images(
+            GOOD,
+            _b(
+                hostile.small_image("JPEG")[:2]
+                + b"\xff" * 100_000
+                + hostile.small_image("JPEG")[2:]
+            ),
+        ),
+    ),
+    "jpeg-300-scans": Case(
+        422,
+        "unsupported_image",
+        _images(GOOD, _b(hostile.small_image("JPEG") + b"\xff\xda\x00\x02" * 300)),
+    ),
+    "png-100k-empty-chunks": Case(
+        422, "unsupported_image", _images(GOOD, _b(hostile.png_with_chunks(b"prVt", b"", 100_000)))
+    ),
+    "png-600-text-chunks": Case(
+        422,
+        "unsupported_image",
+        _images(GOOD, _b(hostile.png_with_chunks(b"tEXt", b"k\x00v", 600))),
+    ),
+    "png-text-over-4-mib": Case(
+        400,
+        "invalid_image",
+        _images(
+            GOOD,
+            _b(hostile.png_with_chunks(b"zTXt", b"k\x00\x00" + zlib.compress(b"v" * 1_000_000), 5)),
+        ),
+    ),
+    "png-exif-70k": Case(
+        422,
+        "unsupported_image",
+        _images(GOOD, _b(hostile.png_with_exif(hostile.exif_with_broken_tags(6000)))),
+    ),
+    "gif-100k-comment-blocks": Case(
+        422, "unsupported_image", _images(GOOD, _b(hostile.gif_with_comment_blocks(100_000)))
+    ),
+    "webp-exif-70k": Case(
+        422,
+        "unsupported_image",
+        _images(GOOD, _b(hostile.webp_with_exif(hostile.exif_with_broken_tags(6000)))),
+    ),
     "one-pixel": Case(200, None, _images(GOOD, _enc(Image.new("RGB", (1, 1))))),
     # ---- base64 and data URLs
     "invalid-base64": Case(400, "invalid_image", _images(GOOD, "@@@ not base64 @@@")),
     "base64-bad-padding": Case(400, "invalid_image", _images(GOOD, GOOD[:-2])),
-    "data-url-text-plain": Case(400, "invalid_image",
-                                _images(GOOD, "data:text/plain;base64," + GOOD)),
+    "data-url-text-plain": Case(
+        400, "invalid_image", _images(GOOD, "data:text/plain;base64," + GOOD)
+    ),
     "data-url-no-base64": Case(400, "invalid_image", _images(GOOD, "data:image/png," + GOOD)),
     "data-url-no-comma": Case(400, "invalid_image", _images(GOOD, "data:image/png;base64")),
     "non-ascii-base64": Case(400, "invalid_image", _images(GOOD, "ÿÿÿÿ" * 8)),
     # ---- JSON shape
     "malformed-json": Case(422, "invalid_request", _raw(b'{"query": "x", "images": [')),
     "json-array-body": Case(422, "invalid_request", _raw(b'["a", "b"]')),
-    "json-nan": Case(422, "invalid_request", _raw(
-        b'{"query": "x", "images": ["a", "b"], "return_details": NaN}')),
-    "json-infinity": Case(422, "invalid_request", _raw(
-        b'{"query": "x", "images": ["a", "b"], "profile": Infinity}')),
+    "json-nan": Case(
+        422, "invalid_request", _raw(b'{"query": "x", "images": ["a", "b"], "return_details": NaN}')
+    ),
+    "json-infinity": Case(
+        422, "invalid_request", _raw(b'{"query": "x", "images": ["a", "b"], "profile": Infinity}')
+    ),
     "json-deep-nesting": Case(422, "invalid_request", _raw(b"[" * 20000 + b"]" * 20000)),
-    "json-200k-unknown-keys": Case(422, "invalid_request",
-                                   _raw(hostile.json_unknown_keys(200_000))),
-    "json-nesting-34": Case(422, "invalid_request", _raw(
-        b'{"query": "x", "images": ["a", "b"], "labels": ' + b"[" * 32 + b"]" * 32 + b"}")),
-    "json-300k-numbers": Case(422, "invalid_request", _raw(
-        b'{"query": "x", "images": [' + b",".join([b"1"] * 150_000) + b"]}")),
+    "json-200k-unknown-keys": Case(
+        422, "invalid_request", _raw(hostile.json_unknown_keys(200_000))
+    ),
+    "json-nesting-34": Case(
+        422,
+        "invalid_request",
+        _raw(b'{"query": "x", "images": ["a", "b"], "labels": ' + b"[" * 32 + b"]" * 32 + b"}"),
+    ),
+    "json-300k-numbers": Case(
+        422,
+        "invalid_request",
+        _raw(b'{"query": "x", "images": [' + b",".join([b"1"] * 150_000) + b"]}"),
+    ),
     "json-unterminated-string": Case(422, "invalid_request", _raw(b'{"query": "' + b"x" * 10**6)),
     "empty-body": Case(422, "invalid_request", _raw(b"")),
     "missing-query": Case(422, "invalid_request", _retrieve(query=_DROP)),
@@ -235,53 +298,86 @@ CASES: dict[str, Case] = {
     "nul-in-query": Case(422, "invalid_query", _retrieve(query="a\x00b")),
     "escape-in-query": Case(422, "invalid_query", _retrieve(query="a\x1b[31mred")),
     "image-pad-token-in-query": Case(422, "invalid_query", _retrieve(query="a <|image_pad|>")),
-    "vision-start-token-in-query": Case(422, "invalid_query",
-                                        _retrieve(query="<|vision_start|> x <|vision_end|>")),
+    "vision-start-token-in-query": Case(
+        422, "invalid_query", _retrieve(query="<|vision_start|> x <|vision_end|>")
+    ),
     "im-end-token-in-query": Case(422, "invalid_query", _retrieve(query="x<|im_end|>")),
-    "lone-surrogate-query": Case(422, None, _raw(
-        b'{"query": "a\\ud800b", "images": ["' + GOOD.encode() + b'", "'
-        + GOOD.encode() + b'"], "method": "vanilla"}')),
+    "lone-surrogate-query": Case(
+        422,
+        None,
+        _raw(
+            b'{"query": "a\\ud800b", "images": ["'
+            + GOOD.encode()
+            + b'", "'
+            + GOOD.encode()
+            + b'"], "method": "vanilla"}'
+        ),
+    ),
     # ---- method and labels
     "unknown-method": Case(422, "invalid_request", _retrieve(method="magic")),
     "unknown-label-scheme": Case(422, "invalid_labels", _retrieve(labels="klingon")),
     "labels-wrong-count": Case(422, "invalid_labels", _retrieve(labels=["a", "b"])),
     "labels-duplicate": Case(422, "invalid_labels", _retrieve(labels=["a", "a", "b"])),
     "label-16k-chars": Case(422, "invalid_labels", _retrieve(labels=["a" * 16900, "b", "c"])),
-    "labels-too-many-tokens": Case(422, "invalid_labels", _retrieve(
-        images=[GOOD] * 12, labels=[f"{i}" + "y" * 1000 for i in range(12)]),
-        settings={"max_label_chars": 10_000}),
-    "label-special-token": Case(422, "invalid_labels",
-                                _retrieve(labels=["<|image_pad|>", "b", "c"])),
+    "labels-too-many-tokens": Case(
+        422,
+        "invalid_labels",
+        _retrieve(images=[GOOD] * 12, labels=[f"{i}" + "y" * 1000 for i in range(12)]),
+        settings={"max_label_chars": 10_000},
+    ),
+    "label-special-token": Case(
+        422, "invalid_labels", _retrieve(labels=["<|image_pad|>", "b", "c"])
+    ),
     "label-blank": Case(422, "invalid_labels", _retrieve(labels=["a", " ", "c"])),
     "labels-not-strings": Case(422, "invalid_request", _retrieve(labels=[1, 2, 3])),
-    "n-larger-than-scheme": Case(422, "invalid_labels", _retrieve(
-        images=[GOOD] * 27, labels="upper"), settings={"max_images": 30}),
+    "n-larger-than-scheme": Case(
+        422,
+        "invalid_labels",
+        _retrieve(images=[GOOD] * 27, labels="upper"),
+        settings={"max_images": 30},
+    ),
     "profile-path-traversal": Case(422, "invalid_request", _retrieve(profile="../etc/passwd")),
     "profile-too-long": Case(422, "invalid_request", _retrieve(profile="p" * 500)),
     "uncalibrated-agd": Case(409, "calibration_required", _retrieve(method="agd")),
     # ---- calibrate
-    "calibrate-mixed-n": Case(422, "invalid_calibration", _calibrate(
-        lambda p: p["examples"][0].update(images=[GOOD] * 2, answer=0))),
-    "calibrate-answer-out-of-range": Case(422, "invalid_calibration", _calibrate(
-        lambda p: p["examples"][0].update(answer=5))),
-    "calibrate-negative-answer": Case(422, "invalid_request", _calibrate(
-        lambda p: p["examples"][0].update(answer=-1))),
-    "calibrate-fractional-answer": Case(422, "invalid_request", _calibrate(
-        lambda p: p["examples"][0].update(answer=1.5))),
-    "calibrate-no-examples": Case(422, "invalid_request", _calibrate(
-        lambda p: p.update(examples=[]))),
-    "calibrate-65-examples": Case(422, "invalid_request", _calibrate(
-        lambda p: p.update(examples=p["examples"] * 22))),
-    "calibrate-bad-image": Case(400, "invalid_image", _calibrate(
-        lambda p: p["examples"][1]["images"].__setitem__(0, "@@"))),
-    "calibrate-special-token": Case(422, "invalid_query", _calibrate(
-        lambda p: p["examples"][1].update(query="<|image_pad|>"))),
-    "calibrate-text-plain": Case(415, "unsupported_media_type",
-                                 _raw(b"{}", "text/plain", "/v1/calibrate")),
-    "calibrate-wrong-token": Case(403, "forbidden", _raw(
-        b"{}", path="/v1/calibrate", authorization="Bearer nope"), {"admin_token": ADMIN}),
-    "calibrate-no-token": Case(401, "unauthorized", _raw(b"{", path="/v1/calibrate"),
-                               {"admin_token": ADMIN}),
+    "calibrate-mixed-n": Case(
+        422,
+        "invalid_calibration",
+        _calibrate(lambda p: p["examples"][0].update(images=[GOOD] * 2, answer=0)),
+    ),
+    "calibrate-answer-out-of-range": Case(
+        422, "invalid_calibration", _calibrate(lambda p: p["examples"][0].update(answer=5))
+    ),
+    "calibrate-negative-answer": Case(
+        422, "invalid_request", _calibrate(lambda p: p["examples"][0].update(answer=-1))
+    ),
+    "calibrate-fractional-answer": Case(
+        422, "invalid_request", _calibrate(lambda p: p["examples"][0].update(answer=1.5))
+    ),
+    "calibrate-no-examples": Case(
+        422, "invalid_request", _calibrate(lambda p: p.update(examples=[]))
+    ),
+    "calibrate-65-examples": Case(
+        422, "invalid_request", _calibrate(lambda p: p.update(examples=p["examples"] * 22))
+    ),
+    "calibrate-bad-image": Case(
+        400, "invalid_image", _calibrate(lambda p: p["examples"][1]["images"].__setitem__(0, "@@"))
+    ),
+    "calibrate-special-token": Case(
+        422, "invalid_query", _calibrate(lambda p: p["examples"][1].update(query="<|image_pad|>"))
+    ),
+    "calibrate-text-plain": Case(
+        415, "unsupported_media_type", _raw(b"{}", "text/plain", "/v1/calibrate")
+    ),
+    "calibrate-wrong-token": Case(
+        403,
+        "forbidden",
+        _raw(b"{}", path="/v1/calibrate", authorization="Bearer nope"),
+        {"admin_token": ADMIN},
+    ),
+    "calibrate-no-token": Case(
+        401, "unauthorized", _raw(b"{", path="/v1/calibrate"), {"admin_token": ADMIN}
+    ),
     # ---- content types and forms
     "text-plain": Case(415, "unsupported_media_type", _raw(b"query=x", "text/plain")),
     "no-content-type": Case(415, "unsupported_media_type", _raw(b"{}", None)),
@@ -290,40 +386,64 @@ CASES: dict[str, Case] = {
     "multipart-unknown-field": Case(422, "invalid_request", _form({"query": "x", "colour": "red"})),
     "multipart-no-query": Case(422, "invalid_request", _form({"method": "vanilla"})),
     "multipart-repeated-query": Case(422, "invalid_request", _form({"query": ["a", "b"]})),
-    "multipart-too-many-files": Case(422, "too_many_images", _form({"query": "x"}, [
-        ("images", (f"{i}.png", b"x", "image/png")) for i in range(13)])),
+    "multipart-too-many-files": Case(
+        422,
+        "too_many_images",
+        _form({"query": "x"}, [("images", (f"{i}.png", b"x", "image/png")) for i in range(13)]),
+    ),
     "multipart-bad-labels": Case(422, "invalid_labels", _form({"query": "x", "labels": "[1,"})),
     "multipart-closed-form-is-200": Case(200, None, _multipart(b"x" * 70)),
     "multipart-boundary-300": Case(400, "bad_request", _multipart(b"x" * 300)),
     "multipart-no-closing-boundary": Case(400, "bad_request", _multipart(b"bnd", close=False)),
     "multipart-cut-last-file": Case(400, "bad_request", _multipart(b"bnd", close=False, cut=60)),
-    "declared-body-too-large": Case(413, "payload_too_large", _raw(b" " * 100_000),
-                                    settings={"max_body_bytes": 60_000}),
+    "declared-body-too-large": Case(
+        413, "payload_too_large", _raw(b" " * 100_000), settings={"max_body_bytes": 60_000}
+    ),
     # ---- profile routes, routing, headers
-    "profile-n-huge": Case(422, "invalid_request", _get("DELETE", "/v1/profiles/default",
-                                                        params={"n": 10**30})),
-    "profile-n-4097": Case(422, "invalid_request", _get("DELETE", "/v1/profiles/default",
-                                                        params={"n": 4097})),
-    "profile-n-zero": Case(422, "invalid_request", _get("POST", "/v1/profiles/default/rollback",
-                                                        params={"n": 0})),
-    "profile-n-text": Case(422, "invalid_request", _get("DELETE", "/v1/profiles/default",
-                                                        params={"n": "many"})),
-    "profile-labels-3000": Case(422, "invalid_request", _get(
-        "DELETE", "/v1/profiles/default", params={"n": 3, "labels": "custom:" + "a" * 3000})),
-    "profile-labels-bad-json": Case(422, "invalid_labels", _get(
-        "POST", "/v1/profiles/default/rollback", params={"n": 3, "labels": "[1, 2]"})),
-    "profile-version-negative": Case(422, "invalid_request", _get(
-        "POST", "/v1/profiles/default/rollback", params={"n": 3, "version": -1})),
-    "profile-version-huge": Case(422, "invalid_request", _get(
-        "POST", "/v1/profiles/default/rollback", params={"n": 3, "version": 10**20})),
-    "profile-unknown-delete": Case(404, "profile_not_found", _get(
-        "DELETE", "/v1/profiles/nobody", params={"n": 3})),
+    "profile-n-huge": Case(
+        422, "invalid_request", _get("DELETE", "/v1/profiles/default", params={"n": 10**30})
+    ),
+    "profile-n-4097": Case(
+        422, "invalid_request", _get("DELETE", "/v1/profiles/default", params={"n": 4097})
+    ),
+    "profile-n-zero": Case(
+        422, "invalid_request", _get("POST", "/v1/profiles/default/rollback", params={"n": 0})
+    ),
+    "profile-n-text": Case(
+        422, "invalid_request", _get("DELETE", "/v1/profiles/default", params={"n": "many"})
+    ),
+    "profile-labels-3000": Case(
+        422,
+        "invalid_request",
+        _get("DELETE", "/v1/profiles/default", params={"n": 3, "labels": "custom:" + "a" * 3000}),
+    ),
+    "profile-labels-bad-json": Case(
+        422,
+        "invalid_labels",
+        _get("POST", "/v1/profiles/default/rollback", params={"n": 3, "labels": "[1, 2]"}),
+    ),
+    "profile-version-negative": Case(
+        422,
+        "invalid_request",
+        _get("POST", "/v1/profiles/default/rollback", params={"n": 3, "version": -1}),
+    ),
+    "profile-version-huge": Case(
+        422,
+        "invalid_request",
+        _get("POST", "/v1/profiles/default/rollback", params={"n": 3, "version": 10**20}),
+    ),
+    "profile-unknown-delete": Case(
+        404, "profile_not_found", _get("DELETE", "/v1/profiles/nobody", params={"n": 3})
+    ),
     "profile-unknown-get": Case(404, "profile_not_found", _get("GET", "/v1/profiles/nobody")),
     "profile-bad-name": Case(422, "invalid_request", _get("GET", "/v1/profiles/-bad")),
     "unknown-route": Case(404, "not_found", _get("GET", "/v1/../../etc/passwd")),
     "method-not-allowed": Case(405, "method_not_allowed", _get("PATCH", "/v1/profiles/default")),
-    "insane-request-id": Case(404, "not_found", _get(
-        "GET", "/nope", headers={"X-Request-ID": "bad id\twith spaces" + "x" * 300})),
+    "insane-request-id": Case(
+        404,
+        "not_found",
+        _get("GET", "/nope", headers={"X-Request-ID": "bad id\twith spaces" + "x" * 300}),
+    ),
 }
 
 

@@ -30,8 +30,9 @@ def test_a_json_key_flood_is_refused_while_healthz_keeps_answering(make_client) 
     flood = hostile.json_unknown_keys(1_000_000)  # 13 MB; main: ~15 s on the event loop
     waits: list[float] = []
     with ThreadPoolExecutor(1) as pool:
-        sent = pool.submit(client.post, "/v1/retrieve", content=flood,
-                           headers={"content-type": "application/json"})  # fmt: skip
+        sent = pool.submit(
+            client.post, "/v1/retrieve", content=flood, headers={"content-type": "application/json"}
+        )
         while not sent.done():
             start = time.perf_counter()
             assert client.get("/healthz").status_code == 200

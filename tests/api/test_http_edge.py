@@ -73,8 +73,13 @@ def _envelope(body: bytes, code: str) -> dict[str, Any]:
 
 @pytest.fixture
 def server(live_server, runner):
-    return live_server(runner_override=FaultyRunner(runner), max_body_bytes=LIMIT,
-                       read_timeout_s=1.5, header_timeout_s=1.0, max_image_bytes=50_000)
+    return live_server(
+        runner_override=FaultyRunner(runner),
+        max_body_bytes=LIMIT,
+        read_timeout_s=1.5,
+        header_timeout_s=1.0,
+        max_image_bytes=50_000,
+    )
 
 
 def _chunk(data: bytes) -> bytes:
@@ -83,8 +88,10 @@ def _chunk(data: bytes) -> bytes:
 
 def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit(server) -> None:
     conn = Raw(server.port)
-    conn.send(b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-              b"Transfer-Encoding: chunked\r\n\r\n")
+    conn.send(
+        b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     for _ in range(LIMIT // 10_000 + 1):  # one chunk past the limit, and no final chunk
         conn.send(_chunk(b"x" * 10_000))
     status, headers, body = conn.response()
@@ -95,8 +102,10 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit(server) -> Non
 
 def test_a_declared_oversize_body_is_refused_before_it_is_sent(server) -> None:
     conn = Raw(server.port)
-    conn.send(b"POST /v1/calibrate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 900000000\r\n\r\n")
+    conn.send(
+        b"POST /v1/calibrate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 900000000\r\n\r\n"
+    )
     status, headers, body = conn.response()
     assert status == 413 and "LAD_MAX_CALIBRATE_BODY_BYTES" in body.decode()
     assert headers["connection"] == "close"
@@ -115,10 +124,14 @@ def test_routes_without_a_body_have_a_small_limit(server) -> None:
 def test_a_multipart_file_over_the_image_limit_is_refused_while_it_streams(server) -> None:
     conn = Raw(server.port)
     boundary = "b0undary"
-    conn.send(b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
-              + f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n".encode())
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"images\"; "
-            f"filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n").encode()
+    conn.send(
+        b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+        + f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n".encode()
+    )
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="images"; '
+        f'filename="a.png"\r\nContent-Type: image/png\r\n\r\n'
+    ).encode()
     conn.send(_chunk(head))
     for _ in range(6):  # 60 kB of one file: past LAD_MAX_IMAGE_BYTES=50000, body unfinished
         conn.send(_chunk(b"\x89" * 10_000))
@@ -131,8 +144,10 @@ def test_a_multipart_file_over_the_image_limit_is_refused_while_it_streams(serve
 def test_a_slow_body_gets_408_and_the_connection_is_closed(server) -> None:
     conn = Raw(server.port)
     start = time.monotonic()
-    conn.send(b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 5000\r\n\r\n{\"query\": ")
+    conn.send(
+        b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 5000\r\n\r\n{"query": '
+    )
     status, headers, body = conn.response()
     assert status == 408 and headers["connection"] == "close"
     assert "LAD_READ_TIMEOUT_S" in _envelope(body, "request_timeout")["message"]
@@ -140,8 +155,11 @@ def test_a_slow_body_gets_408_and_the_connection_is_closed(server) -> None:
     assert conn.closed_within(3)
 
 
-@pytest.mark.parametrize("sent", [b"", b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\n"],
-                         ids=["nothing", "half-sent-headers"])
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\n"],
+    ids=["nothing", "half-sent-headers"],
+)
 def test_slow_headers_are_cut_off(server, sent: bytes) -> None:
     conn = Raw(server.port)
     conn.send(sent)
@@ -187,8 +205,12 @@ def test_an_unexpected_error_answers_the_envelope_and_keeps_the_connection(
 
     server = live_server(runner_override=Broken(runner))
     conn = Raw(server.port)
-    conn.request("POST", "/v1/calibrate", json.dumps(calibrate_json).encode(),
-                 Content_Type="application/json")
+    conn.request(
+        "POST",
+        "/v1/calibrate",
+        json.dumps(calibrate_json).encode(),
+        Content_Type="application/json",
+    )
     status, _, body = conn.response()
     assert status == 500
     error = _envelope(body, "internal_error")
@@ -203,8 +225,13 @@ def test_an_unexpected_error_answers_the_envelope_and_keeps_the_connection(
 def test_multipart_over_a_real_connection(server, items) -> None:
     import httpx
 
-    files = [("images", (f"{i}.png", png_bytes(im), "image/png"))
-             for i, im in enumerate(items[0].images)]
-    r = httpx.post(f"{server.url}/v1/retrieve", data={"query": "x", "method": "vanilla"},
-                   files=files, timeout=30)
+    files = [
+        ("images", (f"{i}.png", png_bytes(im), "image/png")) for i, im in enumerate(items[0].images)
+    ]
+    r = httpx.post(
+        f"{server.url}/v1/retrieve",
+        data={"query": "x", "method": "vanilla"},
+        files=files,
+        timeout=30,
+    )
     assert r.status_code == 200, r.text

@@ -16,14 +16,16 @@ def request_lines(caplog: pytest.LogCaptureFixture, logger: str = "lad.request")
     return [dict(r.lad, message=r.getMessage()) for r in caplog.records if r.name == logger]
 
 
-def test_one_line_per_request_with_method_n_profile_version(make_client, items, calibrate_json,
-                                                            caplog):
+def test_one_line_per_request_with_method_n_profile_version(
+    make_client, items, calibrate_json, caplog
+):
     client = make_client()
     client.post("/v1/calibrate", json=calibrate_json)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="lad"):
-        ok = client.post("/v1/retrieve", json=retrieve_body(items[0]),
-                         headers={"X-Request-ID": "trace-42"})
+        ok = client.post(
+            "/v1/retrieve", json=retrieve_body(items[0]), headers={"X-Request-ID": "trace-42"}
+        )
         missing = client.post("/v1/retrieve", json=retrieve_body(items[1], profile="other"))
         client.get("/metrics")
         client.get("/healthz")
@@ -71,20 +73,27 @@ def test_fallback_requests_say_so(make_client, items, caplog):
     assert line["fallback"] is True
 
 
-def test_admin_actions_write_audit_lines_naming_the_token_and_version(make_client,
-                                                                      calibrate_json, caplog):
+def test_admin_actions_write_audit_lines_naming_the_token_and_version(
+    make_client, calibrate_json, caplog
+):
     client = make_client(admin_token="s3cret-admin", retrieve_token="s3cret-retrieve")
     admin = {"Authorization": "Bearer s3cret-admin"}
     with caplog.at_level(logging.INFO, logger="lad"):
         client.post("/v1/calibrate", json=calibrate_json, headers=admin)
         client.post("/v1/calibrate", json=calibrate_json, headers=admin)
         client.post("/v1/profiles/default/rollback?n=3", headers=admin)
-        client.delete("/v1/profiles/default?n=3",
-                      headers={"Authorization": "Bearer s3cret-retrieve"})  # refused
+        client.delete(
+            "/v1/profiles/default?n=3", headers={"Authorization": "Bearer s3cret-retrieve"}
+        )  # refused
         client.delete("/v1/profiles/default?n=3", headers=admin)
     audit = request_lines(caplog, "lad.audit")
     assert [a["action"] for a in audit] == [
-        "calibrate", "calibrate", "rollback", "delete", "delete"]
+        "calibrate",
+        "calibrate",
+        "rollback",
+        "delete",
+        "delete",
+    ]
     assert [a.get("version") for a in audit] == [1, 2, 1, None, 1]
     assert audit[2]["previous_version"] == 2
     assert [a["by"] for a in audit] == ["admin"] * 3 + ["unauthenticated", "admin"]
@@ -103,8 +112,11 @@ def test_open_admin_routes_are_audited_as_open(client, calibrate_json, caplog):
 def test_json_and_text_formats_carry_the_fields(make_client, items, caplog):
     client = make_client()
     with caplog.at_level(logging.INFO, logger="lad"):
-        client.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"),
-                    headers={"X-Request-ID": "abc"})
+        client.post(
+            "/v1/retrieve",
+            json=retrieve_body(items[0], method="vanilla"),
+            headers={"X-Request-ID": "abc"},
+        )
     (record,) = [r for r in caplog.records if r.name == "lad.request"]
     line = json.loads(JsonFormatter().format(record))
     assert line["logger"] == "lad.request" and line["level"] == "info"

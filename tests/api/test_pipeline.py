@@ -29,14 +29,16 @@ def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, int]]:
 
 
 @pytest.mark.parametrize("labels", ["digits", ["cat", "dog", "owl"]])
-def test_a_retrieve_resolves_its_labels_once(make_client, items, calibrate_json, resolutions,
-                                             labels) -> None:  # fmt: skip
+def test_a_retrieve_resolves_its_labels_once(
+    make_client, items, calibrate_json, resolutions, labels
+) -> None:
     client = make_client()
     done = client.post("/v1/calibrate", json={**calibrate_json, "labels": labels})
     assert done.status_code == 200, done.text
     resolutions.clear()
-    answer = client.post("/v1/retrieve", json=retrieve_body(items[0], labels=labels,
-                                                            return_details=True))
+    answer = client.post(
+        "/v1/retrieve", json=retrieve_body(items[0], labels=labels, return_details=True)
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["profile"] is not None  # the profile was found under those labels
     expected = ["1", "2", "3"] if labels == "digits" else labels
@@ -47,8 +49,16 @@ def test_a_retrieve_resolves_its_labels_once(make_client, items, calibrate_json,
 def test_a_rerank_resolves_each_window_size_once(make_client, items, resolutions) -> None:
     client = make_client()
     documents = [d for it in items[:3] for d in retrieve_body(it)["images"]][:7]
-    answer = client.post("/v1/rerank", json={"query": items[0].query, "documents": documents,
-                                             "method": "vanilla", "window": 3, "seed": 1})
+    answer = client.post(
+        "/v1/rerank",
+        json={
+            "query": items[0].query,
+            "documents": documents,
+            "method": "vanilla",
+            "window": 3,
+            "seed": 1,
+        },
+    )
     assert answer.status_code == 200, answer.text
     sizes = sorted({n for window in answer.json()["meta"]["windows"] for n in window})
     assert sorted(n for _, n in resolutions) == sizes  # once per size, not per window

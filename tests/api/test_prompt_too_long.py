@@ -31,9 +31,13 @@ def _prompt_tokens(runner: Any, item: RetrievalExample) -> int:
 
 
 def test_over_the_context_is_422_before_any_forward(
-    client: Any, runner: Any, items: list[RetrievalExample], forwards: list[int],
-    monkeypatch: pytest.MonkeyPatch, calibrate_json: dict[str, Any],
-) -> None:  # fmt: skip
+    client: Any,
+    runner: Any,
+    items: list[RetrievalExample],
+    forwards: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    calibrate_json: dict[str, Any],
+) -> None:
     item = items[0]
     tokens = _prompt_tokens(runner, item)  # N = 3 digit labels: one label token each
     text_config = runner.adapter.text_config()
@@ -60,9 +64,11 @@ def test_over_the_context_is_422_before_any_forward(
 
 
 def test_a_too_long_request_does_not_fail_the_others_in_its_batch(
-    make_client: Any, runner: Any, items: list[RetrievalExample],
+    make_client: Any,
+    runner: Any,
+    items: list[RetrievalExample],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     import concurrent.futures
 
     short, long = items[0], make_many(items)

@@ -133,8 +133,9 @@ def test_a_corrupt_document_is_store_corrupt_logged_and_counted(
         assert r.status_code == 500, r.text
         assert r.json()["error"]["code"] == "store_corrupt"
         assert redis_prefix not in r.text  # the key is for the operator's log, not the client
-        assert any(redis_prefix in rec.getMessage() and rec.levelname == "ERROR"
-                   for rec in caplog.records)  # fmt: skip
+        assert any(
+            redis_prefix in rec.getMessage() and rec.levelname == "ERROR" for rec in caplog.records
+        )
     assert _metric(client, 'lad_errors_total{code="store_corrupt"}') == len(corruptions)
     # retrieval keeps serving the copy it had
     assert client.post("/v1/retrieve", json=retrieve_body(items[0])).status_code == 200

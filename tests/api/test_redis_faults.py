@@ -22,8 +22,10 @@ from tests.api.helpers import metric_value, retrieve_body
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("redis-server") is None and not os.environ.get("CI"),
-                       reason="redis-server is not installed (CI installs it)"),
+    pytest.mark.skipif(
+        shutil.which("redis-server") is None and not os.environ.get("CI"),
+        reason="redis-server is not installed (CI installs it)",
+    ),
 ]
 
 
@@ -46,10 +48,24 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
@@ -139,11 +155,13 @@ def _ready_degraded(client: Any) -> None:
     assert "Error" not in text and "127.0.0.1" not in text  # no Redis error strings leak
 
 
-def test_stop_kill_restart_while_requests_flow(make_client, redis_server, items, calibrate_json,
-                                               redis_prefix):
+def test_stop_kill_restart_while_requests_flow(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
     redis_server.start()
-    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
-                         store_poll_s=0.5)
+    client = make_client(
+        store_url=redis_server.url, store_key_prefix=redis_prefix, store_poll_s=0.5
+    )
     assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
     traffic = Traffic(client, retrieve_body(items[0]))
     try:
@@ -176,8 +194,9 @@ def test_stop_kill_restart_while_requests_flow(make_client, redis_server, items,
 def test_starts_with_redis_down_and_recovers_without_a_restart(
     make_client, redis_server, items, calibrate_json, redis_prefix
 ):
-    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
-                         store_poll_s=0.5)  # nothing listens on that port yet
+    client = make_client(
+        store_url=redis_server.url, store_key_prefix=redis_prefix, store_poll_s=0.5
+    )  # nothing listens on that port yet
     _ready_degraded(client)
     r = client.post("/v1/retrieve", json=retrieve_body(items[0]))
     assert r.status_code == 409 and r.json()["error"]["code"] == "calibration_required"
@@ -189,7 +208,9 @@ def test_starts_with_redis_down_and_recovers_without_a_restart(
     _wait_for(lambda: client.get("/readyz").json()["status"] == "ok", 15)
     assert client.post("/v1/calibrate", json=calibrate_json).json()["version"] == 1
     assert client.post("/v1/retrieve", json=retrieve_body(items[0])).json()["profile"] == {
-        "name": "default", "version": 1}
+        "name": "default",
+        "version": 1,
+    }
 
 
 def test_redis_restarted_empty_never_reuses_a_version(
@@ -198,10 +219,12 @@ def test_redis_restarted_empty_never_reuses_a_version(
     """Redis comes back without its data: the replica follows it (no cached v2 served beside
     an empty store) and no version number is handed out twice, by it or by a fresh replica."""
     redis_server.start()
-    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
-                         store_poll_s=0.5)  # fmt: skip
-    versions = [client.post("/v1/calibrate", json=calibrate_json).json()["version"]
-                for _ in range(2)]  # fmt: skip
+    client = make_client(
+        store_url=redis_server.url, store_key_prefix=redis_prefix, store_poll_s=0.5
+    )
+    versions = [
+        client.post("/v1/calibrate", json=calibrate_json).json()["version"] for _ in range(2)
+    ]
     assert versions == [1, 2]
     store = client.app.state.service.store
     (key,) = store.list_keys()
@@ -217,8 +240,13 @@ def test_redis_restarted_empty_never_reuses_a_version(
     fresh.close()
     versions.append(client.post("/v1/calibrate", json=calibrate_json).json()["version"])
     assert versions == [1, 2, 3, 4]
-    _wait_for(lambda: client.post("/v1/retrieve", json=body).json()["profile"] == {
-        "name": "default", "version": 4}, 5)  # fmt: skip
+    _wait_for(
+        lambda: (
+            client.post("/v1/retrieve", json=body).json()["profile"]
+            == {"name": "default", "version": 4}
+        ),
+        5,
+    )
 
 
 def _writes(client: Any) -> tuple[int, dict[str, Any]]:
@@ -230,16 +258,20 @@ def _metric(client: Any, name: str, **labels: str) -> float | None:
     return metric_value(client.get("/metrics").text, name, **labels)
 
 
-@pytest.mark.parametrize("refusal", [
-    {"maxmemory-policy": "noeviction", "maxmemory": "1"},  # Redis at maxmemory: OOM
-    {"min-replicas-to-write": "1"},  # Redis refusing writes (NOREPLICAS), reads fine
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        {"maxmemory-policy": "noeviction", "maxmemory": "1"},  # Redis at maxmemory: OOM
+        {"min-replicas-to-write": "1"},  # Redis refusing writes (NOREPLICAS), reads fine
+    ],
+)
 def test_readiness_and_a_gauge_say_when_every_write_fails(
     make_client, redis_server, items, calibrate_json, redis_prefix, refusal
 ):
     redis_server.start()
-    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix,
-                         store_poll_s=0.5)  # fmt: skip
+    client = make_client(
+        store_url=redis_server.url, store_key_prefix=redis_prefix, store_poll_s=0.5
+    )
     assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
     status, body = _writes(client)
     assert status == 200 and body["status"] == "ok" and body["store"]["writes"] == "ok"

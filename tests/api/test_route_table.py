@@ -123,8 +123,10 @@ def test_feedback_and_form_bodies_are_generated_from_the_models(client):
     feedback = paths["/v1/feedback"]["post"]["requestBody"]["content"]
     assert set(feedback) == {JSON}
     assert set(feedback[JSON]["schema"]["properties"]) == {"request_id", "answer"}
-    for path, model, files in (("/v1/retrieve", schemas.RetrieveRequest, "images"),
-                               ("/v1/rerank", schemas.RerankRequest, "documents")):
+    for path, model, files in (
+        ("/v1/retrieve", schemas.RetrieveRequest, "images"),
+        ("/v1/rerank", schemas.RerankRequest, "documents"),
+    ):
         form = paths[path]["post"]["requestBody"]["content"][FORM]["schema"]
         assert set(form["properties"]) == set(model.model_fields), path
         assert form["properties"][files]["items"] == {"type": "string", "format": "binary"}
@@ -138,8 +140,11 @@ def test_a_multipart_retrieval_works_as_the_generated_form_says(client, items):
     """The generated form (its field names, ``labels`` as one comma-list text) is what the
     form reader takes."""
     item = items[0]
-    answer = client.post("/v1/retrieve", files=multipart_files(item.images),
-                         data={"query": item.query, "labels": "x,y,z", "method": "vanilla"})
+    answer = client.post(
+        "/v1/retrieve",
+        files=multipart_files(item.images),
+        data={"query": item.query, "labels": "x,y,z", "method": "vanilla"},
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["method"] == "vanilla"
 
@@ -188,10 +193,14 @@ def test_a_refresh_writes_an_audit_line(make_client, calibrate_json, caplog):
     assert client.post("/v1/calibrate", json=calibrate_json, headers=admin).status_code == 200
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="lad"):
-        refused = client.post("/v1/profiles/default/refresh", params={"n": 3},
-                              headers={"Authorization": "Bearer s3cret-retrieve"})
-        done = client.post("/v1/profiles/default/refresh", params={"n": 3, "force": True},
-                           headers=admin)  # fmt: skip
+        refused = client.post(
+            "/v1/profiles/default/refresh",
+            params={"n": 3},
+            headers={"Authorization": "Bearer s3cret-retrieve"},
+        )
+        done = client.post(
+            "/v1/profiles/default/refresh", params={"n": 3, "force": True}, headers=admin
+        )
     assert refused.status_code == 403 and done.status_code == 200, done.text
     audit = [dict(r.lad) for r in caplog.records if r.name == "lad.audit"]
     assert [a["action"] for a in audit] == ["refresh", "refresh"]
@@ -205,10 +214,17 @@ def test_the_route_table_imports_nothing_from_the_project():
     """It lives in the light client package (lad_client.routes): standard library only."""
     source = Path(__file__).resolve().parents[2] / "clients/python/lad_client/routes.py"
     tree = ast.parse(source.read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported <= {"__future__", "dataclasses", "re", "typing"}, imported
     assert all(isinstance(cls, type) for cls in ERROR_OF.values())
     assert set(ERROR_OF) == {cls.code for cls in errors.ERRORS}

@@ -33,12 +33,21 @@ def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_jso
     model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
     port = _free_port()
-    env = {**os.environ, "LAD_MODEL": str(model_dir), "LAD_TORCH_THREADS": "1",
-           "LAD_STORE_URL": str(tmp_path / "profiles"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "LAD_MODEL": str(model_dir),
+        "LAD_TORCH_THREADS": "1",
+        "LAD_STORE_URL": str(tmp_path / "profiles"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -74,7 +83,8 @@ def test_lad_serve_refuses_an_open_admin_on_a_public_address(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAD_")}
     env.update(PYTHONPATH=str(ROOT), LAD_STORE_URL="memory://")
     command = [sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--port", "1"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "LAD_ADMIN_TOKEN" in done.stderr and "LAD_ALLOW_OPEN_ADMIN" in done.stderr

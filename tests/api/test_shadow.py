@@ -44,10 +44,12 @@ def test_rate_zero_starts_no_shadow(client):
 
 def test_overhead_ratio_accounts_for_how_the_live_forward_was_timed():
     # live forward includes the processor call: the plain side must include it too
-    assert overhead_ratio({"forward": 12.0, "score": 2.0}, {"process": 1.0, "forward": 9.0}) \
-        == pytest.approx((12 - 10) / (10 + 2))
+    assert overhead_ratio(
+        {"forward": 12.0, "score": 2.0}, {"process": 1.0, "forward": 9.0}
+    ) == pytest.approx((12 - 10) / (10 + 2))
     # live timings with a separate process stage: forward against forward
-    assert overhead_ratio({"process": 1.0, "forward": 11.0, "score": 2.0},
-                          {"process": 1.0, "forward": 9.0}) == pytest.approx((11 - 9) / (9 + 2))
+    assert overhead_ratio(
+        {"process": 1.0, "forward": 11.0, "score": 2.0}, {"process": 1.0, "forward": 9.0}
+    ) == pytest.approx((11 - 9) / (9 + 2))
     with pytest.raises(ValueError):
         overhead_ratio({"forward": 1.0}, {"process": 0.0, "forward": 0.0})

@@ -37,8 +37,9 @@ class SinkRunner:
         return ForwardResult(out.scores, attention, out.timings_ms)
 
 
-def test_calibration_names_sink_layers_and_agd_skips_them(make_client, runner, items,
-                                                          calibrate_json) -> None:  # fmt: skip
+def test_calibration_names_sink_layers_and_agd_skips_them(
+    make_client, runner, items, calibrate_json
+) -> None:
     sink = SinkRunner(runner)
     results = {}
     for guard in (True, False):

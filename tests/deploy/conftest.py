@@ -46,11 +46,16 @@ def tool(name: str) -> str:
     pytest.skip(message)
 
 
-def run(args: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None,
-        check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
     """Run a tool and, with `check`, fail the test with its output when it exits non-zero."""
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
         pytest.fail(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
@@ -74,8 +79,9 @@ def load_env_file(path: Path) -> dict[str, str]:
 def dockerfile_instructions(name: str) -> list[str]:
     """Arguments of every `name` instruction of the Dockerfile, continuation lines joined."""
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    return [line[len(name) + 1:].strip() for line in text.splitlines()
-            if line.startswith(name + " ")]
+    return [
+        line[len(name) + 1 :].strip() for line in text.splitlines() if line.startswith(name + " ")
+    ]
 
 
 def dockerfile_env() -> dict[str, str]:

@@ -19,18 +19,34 @@ from tests.deploy.conftest import ROOT, dockerfile_env, load_yaml, run, tool
 TOKEN = "test-admin-token-0123456789abcdef"
 
 
-def compose(tmp_path: Path, *args: str, token: str | None = TOKEN,
-            check: bool = True) -> Any:
+def compose(tmp_path: Path, *args: str, token: str | None = TOKEN, check: bool = True) -> Any:
     """`docker-compose [args] config --format json` with a controlled environment."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LAD_", "COMPOSE_", "DOCKER_")) and k != "PUBLISH_ADDR"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LAD_", "COMPOSE_", "DOCKER_")) and k != "PUBLISH_ADDR"
+    }
     if token is not None:
         env["LAD_ADMIN_TOKEN"] = token
     empty = tmp_path / "empty.env"  # never the developer's .env
     empty.write_text("")
-    done = run([tool("docker-compose"), "--env-file", str(empty), "--project-directory",
-                str(ROOT), "-f", str(ROOT / "docker-compose.yml"), *args, "config",
-                "--format", "json"], env=env, check=check)
+    done = run(
+        [
+            tool("docker-compose"),
+            "--env-file",
+            str(empty),
+            "--project-directory",
+            str(ROOT),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            *args,
+            "config",
+            "--format",
+            "json",
+        ],
+        env=env,
+        check=check,
+    )
     return done if not check else json.loads(done.stdout)
 
 
@@ -94,13 +110,17 @@ def test_gpu_profile_adds_a_cuda_replica_with_one_gpu(gpu: dict[str, Any]) -> No
     assert (device["driver"], device["count"], device["capabilities"]) == ("nvidia", 1, ["gpu"])
     assert s["environment"]["LAD_DEVICE"] == "cuda"
     assert s["environment"]["LAD_STORE_KEY_PREFIX"] != gpu["lad-1"]["environment"].get(
-        "LAD_STORE_KEY_PREFIX", "lad")
+        "LAD_STORE_KEY_PREFIX", "lad"
+    )
     assert "deploy" not in gpu["lad-1"] and "deploy" not in gpu["lad-2"]
 
 
 def test_prometheus_loads_the_alert_rules_it_is_configured_with(default: dict[str, Any]) -> None:
-    mounts = {v["target"]: Path(v["source"]) for v in default["prometheus"]["volumes"]
-              if v["type"] == "bind"}
+    mounts = {
+        v["target"]: Path(v["source"])
+        for v in default["prometheus"]["volumes"]
+        if v["type"] == "bind"
+    }
     config_path = mounts["/etc/prometheus/prometheus.yml"]
     config = load_yaml(config_path)
     for rule_file in config["rule_files"]:
@@ -112,8 +132,11 @@ def test_prometheus_loads_the_alert_rules_it_is_configured_with(default: dict[st
 
 
 def test_prometheus_sends_its_alerts_to_the_alertmanager_service(default: dict[str, Any]) -> None:
-    mounts = {v["target"]: Path(v["source"]) for v in default["prometheus"]["volumes"]
-              if v["type"] == "bind"}
+    mounts = {
+        v["target"]: Path(v["source"])
+        for v in default["prometheus"]["volumes"]
+        if v["type"] == "bind"
+    }
     config = load_yaml(mounts["/etc/prometheus/prometheus.yml"])
     (manager,) = config["alerting"]["alertmanagers"]
     (static,) = manager["static_configs"]

@@ -29,8 +29,10 @@ instructions = dockerfile_instructions
 
 
 def test_hadolint_finds_nothing() -> None:
-    done = run([tool("hadolint"), "--failure-threshold", "style", "--format", "json",
-                "Dockerfile"], check=False)
+    done = run(
+        [tool("hadolint"), "--failure-threshold", "style", "--format", "json", "Dockerfile"],
+        check=False,
+    )
     assert done.returncode == 0 and json.loads(done.stdout or "[]") == [], done.stdout
 
 
@@ -39,7 +41,7 @@ def test_every_hadolint_ignore_is_justified_by_a_comment() -> None:
     for i, line in enumerate(lines):
         if "hadolint ignore=" in line:
             rule = line.split("=", 1)[1].strip()
-            above = " ".join(lines[max(0, i - 4):i])
+            above = " ".join(lines[max(0, i - 4) : i])
             assert rule in above, f"line {i + 1}: ignore of {rule} without a reason above it"
 
 
@@ -92,8 +94,11 @@ def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     context = tmp_path / "context"
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in {".git", ".venv"}]
@@ -111,10 +116,28 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
             for source in copy.split()[:-1]:
                 assert (context / source).exists(), f"COPY {source}: not in the build context"
     # Stage 1 of the Dockerfile, on exactly that context.
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path / "wheels"), str(context)], timeout=120)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(context),
+        ],
+        timeout=120,
+    )
     (wheel,) = (tmp_path / "wheels").glob("lad_serve-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"app/main.py", "app/demo/model/model.safetensors",
-            "calibration_store/__init__.py", "lad_client/__init__.py",
-            "lad_client/types/retrieve.py", "lad_client/py.typed"} <= names
+    assert {
+        "app/main.py",
+        "app/demo/model/model.safetensors",
+        "calibration_store/__init__.py",
+        "lad_client/__init__.py",
+        "lad_client/types/retrieve.py",
+        "lad_client/py.typed",
+    } <= names

@@ -19,8 +19,12 @@ import pytest
 
 from tests.deploy.conftest import PROMETHEUS, load_yaml
 
-ALERTS = {r["alert"]: r["expr"] for g in load_yaml(PROMETHEUS / "alerts.yml")["groups"]
-          for r in g["rules"] if "alert" in r}
+ALERTS = {
+    r["alert"]: r["expr"]
+    for g in load_yaml(PROMETHEUS / "alerts.yml")["groups"]
+    for r in g["rules"]
+    if "alert" in r
+}
 REPS = 4000
 M = 5
 

@@ -46,10 +46,16 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
     overlay = tmp_path_factory.mktemp("overlay")
     rel = os.path.relpath(K8S, overlay)
     components = sorted(p.name for p in (K8S / "components").iterdir())
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [rel], "components": [f"{rel}/components/{c}" for c in components],
-    }))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [rel],
+                "components": [f"{rel}/components/{c}" for c in components],
+            }
+        )
+    )
     return {(d["kind"], d["metadata"]["name"]): d for d in render(overlay)}
 
 
@@ -208,6 +214,8 @@ def test_every_hpa_pods_metric_is_served_by_an_adapter_rule_on_an_exported_serie
         series = rule["seriesQuery"].split("{")[0]
         assert series == name and series in exported, name
         assert rule["resources"]["overrides"] == {
-            "namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+            "namespace": {"resource": "namespace"},
+            "pod": {"resource": "pod"},
+        }
         assert "<<.Series>>{<<.LabelMatchers>>}" in rule["metricsQuery"]
         assert "<<.GroupBy>>" in rule["metricsQuery"]

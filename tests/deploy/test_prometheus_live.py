@@ -27,8 +27,14 @@ from tests.live import LiveService
 
 # Grafana's variables, as the whole dashboard sees them with "All" selected. The rate
 # window is 1m (wide enough for a 2 s scrape and a minute of data).
-GRAFANA = {"$n": ".*", "$profile": ".*", "$job": "lad-serve.*", "$instance": ".*",
-           "$__rate_interval": "1m", "$__range": "1h"}
+GRAFANA = {
+    "$n": ".*",
+    "$profile": ".*",
+    "$job": "lad-serve.*",
+    "$instance": ".*",
+    "$__rate_interval": "1m",
+    "$__range": "1h",
+}
 
 # Panels that must show data after the traffic below (GPU memory: a CPU replica has none;
 # alerts: none fire; drift: computed, but the debiased share may be inside its noise).
@@ -57,9 +63,10 @@ class Prometheus:
             # 2 s: a scrape may take over a second on a loaded machine (timeout = interval)
             "global": {"scrape_interval": "2s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yml"],
-            "scrape_configs": [{"job_name": "lad-serve", "static_configs": [
-                {"targets": [target]}]}],
-        }  # fmt: skip
+            "scrape_configs": [
+                {"job_name": "lad-serve", "static_configs": [{"targets": [target]}]}
+            ],
+        }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.workdir = workdir
         self.log = workdir / "prometheus.log"
@@ -68,11 +75,16 @@ class Prometheus:
     def start(self, timeout: float = 60) -> None:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [tool("prometheus"), "--config.file=prometheus.yml",
-                 f"--storage.tsdb.path={self.workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    tool("prometheus"),
+                    "--config.file=prometheus.yml",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while not self._answers("/-/ready"):
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -120,8 +132,10 @@ def traffic(url: str, prometheus: Prometheus) -> None:
         for item in items:
             assert http.post("/v1/retrieve", json=retrieve_body(item)).status_code == 200
         for method in ("vanilla", "perm_avg", "pride"):
-            assert http.post("/v1/retrieve", json=retrieve_body(items[0], method=method)
-                             ).status_code == 200
+            assert (
+                http.post("/v1/retrieve", json=retrieve_body(items[0], method=method)).status_code
+                == 200
+            )
         fallback = retrieve_body(items[0], profile="uncalibrated")
         assert http.post("/v1/retrieve", json=fallback).json()["debiased"] is False
         assert http.post("/v1/retrieve", json={"query": "x", "images": ["a"]}).status_code == 422
@@ -132,8 +146,9 @@ def traffic(url: str, prometheus: Prometheus) -> None:
 def test_prometheus_evaluates_every_dashboard_query_and_rule_on_a_live_service(tmp_path):
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
-    service = LiveService(tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true",
-                                      "LAD_OVERHEAD_SAMPLE_RATE": "1"})
+    service = LiveService(
+        tmp_path, {"LAD_FALLBACK_TO_VANILLA": "true", "LAD_OVERHEAD_SAMPLE_RATE": "1"}
+    )
     prometheus = Prometheus(prom_dir, f"127.0.0.1:{service.port}")
     try:
         service.start()
@@ -153,8 +168,9 @@ def test_prometheus_evaluates_every_dashboard_query_and_rule_on_a_live_service(t
         for rule in [*ALERTS, *RECORDING]:
             answer = prometheus.query(rule["expr"])
             if answer["status"] != "success":
-                failures.append((rule.get("alert") or rule["record"], rule["expr"],
-                                 answer.get("error")))
+                failures.append(
+                    (rule.get("alert") or rule["record"], rule["expr"], answer.get("error"))
+                )
         groups = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]
         rules = [r for g in groups["groups"] for r in g["rules"]]
         unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]

@@ -25,11 +25,19 @@ ALERTS = [r for g in RULES["groups"] for r in g["rules"] if "alert" in r]
 RECORDING = [r for g in RULES["groups"] for r in g["rules"] if "record" in r]
 RECORDED = {r["record"] for r in RECORDING}
 # Grafana's variables, replaced by what "All" and the default range stand for.
-GRAFANA_VARIABLES = {"$n": ".*", "$profile": ".*", "$job": "lad-serve.*", "$instance": ".*",
-                     "$__rate_interval": "5m", "$__range": "1h"}
+GRAFANA_VARIABLES = {
+    "$n": ".*",
+    "$profile": ".*",
+    "$job": "lad-serve.*",
+    "$instance": ".*",
+    "$__rate_interval": "5m",
+    "$__range": "1h",
+}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SELECTOR = re.compile(r"(?<![:\w])(lad_[a-z_]+|lad:[a-z_0-9:]+|process_[a-z_]+|ALERTS|up)"
-                      r"(?:\{([^}]*)\})?(?![\w(])")
+SELECTOR = re.compile(
+    r"(?<![:\w])(lad_[a-z_]+|lad:[a-z_0-9:]+|process_[a-z_]+|ALERTS|up)"
+    r"(?:\{([^}]*)\})?(?![\w(])"
+)
 
 
 def dashboard() -> dict[str, Any]:
@@ -55,8 +63,9 @@ def test_promtool_unit_tests_pass() -> None:
 
 def test_every_alert_has_a_unit_test_where_it_fires() -> None:
     cases = load_yaml(PROMETHEUS / "alerts_test.yml")["tests"]
-    fired = {t["alertname"] for case in cases for t in case.get("alert_rule_test", [])
-             if t["exp_alerts"]}
+    fired = {
+        t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if t["exp_alerts"]
+    }
     assert {a["alert"] for a in ALERTS} == fired
 
 
@@ -113,7 +122,7 @@ def test_every_dashboard_query_is_scoped_by_job_and_instance() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     for name in ("job", "instance"):
         assert variables[name]["includeAll"] and variables[name]["multi"], name
-    assert "job=~\"lad-serve.*\"" in variables["instance"]["query"]["query"]
+    assert 'job=~"lad-serve.*"' in variables["instance"]["query"]["query"]
     assert "$job" in variables["instance"]["query"]["query"]
     for name in ("n", "profile"):
         query = variables[name]["query"]["query"]
@@ -136,8 +145,11 @@ def test_every_dashboard_query_is_scoped_by_job_and_instance() -> None:
 def test_gpu_panel_says_no_gpu_on_cpu_replicas() -> None:
     """CPU replicas export no lad_gpu_memory_bytes (absent, not 0): the GPU panel shows a
     "no GPU" text instead of "No data", and the GPU alert needs the series to fire."""
-    (panel,) = [p for p in dashboard()["panels"]
-                if any("lad_gpu_memory_bytes" in t["expr"] for t in p["targets"])]
+    (panel,) = [
+        p
+        for p in dashboard()["panels"]
+        if any("lad_gpu_memory_bytes" in t["expr"] for t in p["targets"])
+    ]
     assert "no GPU" in panel["fieldConfig"]["defaults"]["noValue"]
     (gpu_alert,) = [a for a in ALERTS if "lad_gpu_memory_bytes" in a["expr"]]
     assert "absent" not in gpu_alert["expr"]
@@ -153,8 +165,12 @@ def test_recorded_drift_series_keep_the_job() -> None:
 
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     exprs = dashboard_exprs()
-    groups = [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]
+    groups = [
+        {
+            "name": "dashboard",
+            "rules": [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)],
+        }
+    ]
     (tmp_path / "dashboard.yml").write_text(yaml.safe_dump({"groups": groups}))
     done = run([tool("promtool"), "check", "rules", "dashboard.yml"], cwd=tmp_path)
     assert f"SUCCESS: {len(exprs)} rules found" in done.stdout
@@ -166,8 +182,9 @@ def test_dashboard_panels_are_unique_do_not_overlap_and_are_described() -> None:
     cells = set()
     for p in panels:
         g = p["gridPos"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
-                for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not cells & mine, f"panel {p['id']} overlaps another"
         cells |= mine
         assert f"**{p['title']}**" in README, f"panel {p['title']!r} is not in deploy/README.md"
@@ -201,8 +218,11 @@ def test_promtool_parses_the_adapter_queries(tmp_path: Path) -> None:
     """prometheus-adapter's metricsQuery templates, filled as the adapter fills them for
     one HPA request, are valid PromQL."""
     rules = load_yaml(PROMETHEUS / "prometheus-adapter-values.yaml")["rules"]["custom"]
-    fill = {"<<.Series>>": "", "<<.LabelMatchers>>": 'namespace="ml", pod=~"lad-a|lad-b"',
-            "<<.GroupBy>>": "pod"}
+    fill = {
+        "<<.Series>>": "",
+        "<<.LabelMatchers>>": 'namespace="ml", pod=~"lad-a|lad-b"',
+        "<<.GroupBy>>": "pod",
+    }
     exprs = []
     for rule in rules:
         expr = rule["metricsQuery"].replace("<<.Series>>", rule["name"]["as"])
@@ -210,8 +230,12 @@ def test_promtool_parses_the_adapter_queries(tmp_path: Path) -> None:
             expr = expr.replace(name, value)
         assert "<<" not in expr, expr
         exprs.append(expr)
-    groups = [{"name": "adapter", "rules": [
-        {"record": f"adapter:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]
+    groups = [
+        {
+            "name": "adapter",
+            "rules": [{"record": f"adapter:query_{i}", "expr": e} for i, e in enumerate(exprs)],
+        }
+    ]
     (tmp_path / "adapter.yml").write_text(yaml.safe_dump({"groups": groups}))
     done = run([tool("promtool"), "check", "rules", "adapter.yml"], cwd=tmp_path)
     assert f"SUCCESS: {len(exprs)} rules found" in done.stdout

@@ -13,8 +13,25 @@ def test_connections_bench_reports_every_class_and_ordinary_requests_get_through
     from app.bench.connections import main
 
     out = tmp_path / "connections.json"
-    assert main(["--idle", "40", "--over-cap", "60", "--max-connections", "30",
-                 "--disconnects", "5", "--heads", "4", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--idle",
+                "40",
+                "--over-cap",
+                "60",
+                "--max-connections",
+                "30",
+                "--disconnects",
+                "5",
+                "--heads",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     for name in ("idle_sockets", "idle_sockets_past_the_cap", "slow_bodies"):
         assert rows[name]["ordinary_statuses"] == {"200": 30}, name

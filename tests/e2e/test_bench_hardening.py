@@ -14,8 +14,21 @@ def test_soak_reports_minutes_errors_and_memory(tmp_path):
     from app.bench.soak import main
 
     out = tmp_path / "soak.json"
-    assert main(["--minutes", "0.15", "--concurrency", "2", "--calibrate-every-s", "3",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--minutes",
+                "0.15",
+                "--concurrency",
+                "2",
+                "--calibrate-every-s",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads(out.read_text())
     assert record["errors"] == 0 and record["requests"] > 0
     assert record["calibrations"] >= 1
@@ -31,7 +44,11 @@ def test_memory_bench_reports_peak_and_held_memory(tmp_path):
     assert main(["--side", "1024", "--settle-s", "0.5", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert [(r["format"], r["concurrent"]) for r in record["rows"]] == [
-        ("PNG", 1), ("PNG", 4), ("JPEG", 1), ("JPEG", 4)]
+        ("PNG", 1),
+        ("PNG", 4),
+        ("JPEG", 1),
+        ("JPEG", 4),
+    ]
     for row in record["rows"]:
         assert set(row["statuses"]) == {200}
         assert row["peak_above_idle_mib"] < 1024  # the 4 x 12 images decode within bounds
@@ -41,8 +58,10 @@ def test_hardening_bench_answers_every_hostile_class_with_a_4xx(tmp_path):
     from app.bench.hardening import main
 
     out = tmp_path / "hardening.json"
-    assert main(["--segments", "20000", "--keys", "50000", "--settle-s", "0.2",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["--segments", "20000", "--keys", "50000", "--settle-s", "0.2", "--out", str(out)])
+        == 0
+    )
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     assert len(rows) == 7
     for name, row in rows.items():

@@ -64,15 +64,26 @@ def test_the_client_installs_alone_into_a_fresh_venv(tmp_path: Path) -> None:
     python = env_dir / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     source = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside it
-    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info",
-                                                                  "__pycache__"))
+    shutil.copytree(
+        CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", str(source)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert install.returncode == 0, install.stdout + install.stderr
-    probe = subprocess.run([str(python), "-c", PROBE], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [str(python), "-c", PROBE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert probe.returncode == 0, probe.stderr
     found = json.loads(probe.stdout)
     assert found["index"] == 1 and found["code"] == "calibration_required"

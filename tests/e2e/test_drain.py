@@ -30,10 +30,16 @@ def _slow_body() -> dict[str, Any]:
 
 def _service(tmp_path, drain_s: float) -> LiveService:
     model = save_tiny_model(tmp_path / "tiny")
-    return LiveService(tmp_path, {
-        "LAD_MODEL": str(model), "LAD_MAX_PIXELS": str(PIXELS), "LAD_MIN_PIXELS": str(PIXELS),
-        "LAD_MAX_BATCH_SIZE": "1", "LAD_DRAIN_TIMEOUT_S": str(drain_s),
-    })  # fmt: skip
+    return LiveService(
+        tmp_path,
+        {
+            "LAD_MODEL": str(model),
+            "LAD_MAX_PIXELS": str(PIXELS),
+            "LAD_MIN_PIXELS": str(PIXELS),
+            "LAD_MAX_BATCH_SIZE": "1",
+            "LAD_DRAIN_TIMEOUT_S": str(drain_s),
+        },
+    )
 
 
 def _send_in_background(url: str, count: int) -> tuple[list[threading.Thread], list[Any]]:

@@ -18,10 +18,23 @@ def test_vector_search_then_rerank_example_runs(tmp_path):
     with LiveService(tmp_path) as live:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         done = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "vector_search_rerank.py"), "--url",
-             live.url, "--calibrate", "--gallery", "80", "--queries", "4"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "examples" / "vector_search_rerank.py"),
+                "--url",
+                live.url,
+                "--calibrate",
+                "--gallery",
+                "80",
+                "--queries",
+                "4",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "indexed 80 images" in done.stdout
     assert "calibrated N = [2, 3, 4, 5, 6, 7, 8]" in done.stdout

@@ -6,7 +6,8 @@ the wire schemas, the clients; it imports nothing of the service, so it installs
 table is the server's too); the profile schema and stores; the engine (model-agnostic core);
 the model families; the service's building blocks (settings, errors, decode, metrics)
 beside the evaluation, the demo and the test models; the service; the HTTP routes; the
-entry points. Every import, lazy ones inside functions included, is an edge.
+entry points; the developer tools outside the package. Every import, lazy ones inside
+functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.decode",
         "app.image_headers",
         "app.metrics",
+        "app.request_metrics",
         "app.collectors",
         "app.logs",
         "app.demo",
@@ -39,8 +41,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve", "app.limits_doc", "app.readme_blocks",
-     "app.families_doc"),
+    ("app.main", "app.cli", "app.bench", "app.serve"),
+    ("tools",),  # developer tools (the generated documentation blocks), never imported by app
 ]
 
 
@@ -50,9 +52,15 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    packages = [(ROOT, "app"), (ROOT, "calibration_store"), (SOURCE_ROOTS[1], "lad_client")]
+    packages = [
+        (ROOT, "app"),
+        (ROOT, "calibration_store"),
+        (ROOT, "tools"),
+        (SOURCE_ROOTS[1], "lad_client"),
+    ]
     return {
-        _module_name(f, root): f for root, package in packages
+        _module_name(f, root): f
+        for root, package in packages
         for f in root.glob(f"{package}/**/*.py")
     }
 
@@ -147,6 +155,10 @@ def test_lad_client_imports_nothing_of_the_service() -> None:
         "loaded = sorted(m for m in heavy if m in sys.modules)\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "clients" / "python",
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "clients" / "python",
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The README's measured tables come from the JSON records (``lad bench results``), and the
+"""docs/benchmarks.md's tables come from the JSON records (``python -m tools.docs bench``), and the
 service bench's per-stage arithmetic adds up."""
 
 from __future__ import annotations
@@ -7,8 +7,13 @@ import json
 
 import pytest
 
-from app.bench import tables
-from app.bench.service import FIXED_STAGES, SERVER_STAGES, server_timing_ms, stage_breakdown
+from app.bench.service_details import (
+    FIXED_STAGES,
+    SERVER_STAGES,
+    server_timing_ms,
+    stage_breakdown,
+)
+from tools.docs import bench_tables as tables
 
 
 def _cell(variant: str, n: int, ms: float, mib: float) -> dict:
@@ -87,3 +92,7 @@ def test_stage_breakdown_splits_the_service_time() -> None:
     assert stages["fixed"] == pytest.approx(1.5 + 0.5 + 2.5 + 2.0 + 0.25)
     older = stage_breakdown([(20.0, None, timings)])  # no Server-Timing: client latency
     assert older["http_json"] == pytest.approx(3.0) and older["client"] == 0.0
+
+
+def test_benchmarks_page_is_current() -> None:
+    assert tables.main(["--check"]) == 0, "run `python -m tools.docs bench --write`"

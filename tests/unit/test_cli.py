@@ -26,8 +26,9 @@ raise SystemExit(code)
 
 
 def lad(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_lad_help_lists_every_command_in_plain_words() -> None:

@@ -144,8 +144,7 @@ def test_cmyk_and_16_bit_become_the_right_rgb() -> None:
 def test_animated_gif_and_webp_give_their_first_frame() -> None:
     frames = [Image.new("RGB", (16, 16), c) for c in ("red", "blue", "green")]
     for fmt in ("GIF", "WEBP"):
-        raw = _encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=50,
-                      loop=0)
+        raw = _encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=50, loop=0)
         r, _g, b = _one(_decoder(), raw).getpixel((8, 8))
         assert r > 200 and b < 60, fmt
 
@@ -171,8 +170,13 @@ def test_formats_outside_the_allowlist_are_refused_by_name() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"\x00" * 64, b"hello, I am text", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40,
-     b"\xff\xd8\xff\xe0" + b"\x00" * 10],
+    [
+        b"",
+        b"\x00" * 64,
+        b"hello, I am text",
+        b"\x89PNG\r\n\x1a\n" + b"\x00" * 40,
+        b"\xff\xd8\xff\xe0" + b"\x00" * 10,
+    ],
     ids=["empty", "zeros", "text", "png-header-only", "jpeg-header-only"],
 )
 def test_unreadable_bytes_are_400_without_internals(raw: bytes) -> None:
@@ -192,11 +196,21 @@ def test_base64_and_data_urls() -> None:
     raw = _encode(Image.new("RGB", (8, 8), "red"))
     text = base64.b64encode(raw).decode()
     wrapped = "\n".join(text[i : i + 20] for i in range(0, len(text), 20))
-    for good in (text, wrapped, f"data:image/png;base64,{text}",
-                 f"  data:image/jpeg;name=x.png;base64,{text}\n"):
+    for good in (
+        text,
+        wrapped,
+        f"data:image/png;base64,{text}",
+        f"  data:image/jpeg;name=x.png;base64,{text}\n",
+    ):
         assert _one(decoder, good).size == (8, 8)
-    for bad in ("not base64!!", "data:text/plain;base64," + text, "data:image/png," + text,
-                "data:image/png;base64", "é" * 12, text[:-3]):
+    for bad in (
+        "not base64!!",
+        "data:text/plain;base64," + text,
+        "data:image/png," + text,
+        "data:image/png;base64",
+        "é" * 12,
+        text[:-3],
+    ):
         with pytest.raises(errors.InvalidImage):
             _one(decoder, bad)
 
@@ -211,9 +225,14 @@ def test_extreme_aspect_ratios_are_refused_with_the_setting() -> None:
 def test_user_text_rules() -> None:
     decoder = _decoder(max_query_chars=50)
     assert decoder.query("a red star") == "a red star"
-    for bad, why in [("", "empty"), ("  ", "empty"), ("x" * 51, "LAD_MAX_QUERY_CHARS"),
-                     ("a <|image_pad|> b", "special token"), ("a\x00b", "control"),
-                     ("a\ud800b", "surrogate")]:
+    for bad, why in [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("x" * 51, "LAD_MAX_QUERY_CHARS"),
+        ("a <|image_pad|> b", "special token"),
+        ("a\x00b", "control"),
+        ("a\ud800b", "surrogate"),
+    ]:
         with pytest.raises(errors.InvalidQuery, match=why):
             decoder.query(bad)
     assert decoder.query("tabs\tand\nnewlines are text") is not None
@@ -239,10 +258,12 @@ def test_shared_decode_threads_give_the_same_images_in_order(monkeypatch) -> Non
     monkeypatch.setattr(decode, "THREADED_PIXELS", 0)  # every request through the threads
     rng = np.random.default_rng(3)
     raws = [
-        _encode(Image.fromarray(rng.integers(0, 255, (300 + 37 * i, 280, 3), dtype=np.uint8)),
-                "JPEG" if i % 2 else "PNG")
+        _encode(
+            Image.fromarray(rng.integers(0, 255, (300 + 37 * i, 280, 3), dtype=np.uint8)),
+            "JPEG" if i % 2 else "PNG",
+        )
         for i in range(6)
-    ]  # fmt: skip
+    ]
     threaded = _decoder(decode_threads=4).images(raws, "images")
     serial = _decoder(decode_threads=1).images(raws, "images")
     assert [im.size for im in threaded] == [im.size for im in serial]

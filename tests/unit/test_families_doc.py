@@ -1,16 +1,16 @@
-"""The README's model-family table is generated from the adapter registry and kept current."""
+"""docs/models.md's model-family table is generated from the adapter registry and kept current."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from app import families_doc
 from app.models.registry import supported_model_types
-from app.readme_blocks import replace_block, sync
+from tools.docs import families as families_doc
+from tools.docs.blocks import replace_block, sync
 
 
 def test_readme_family_table_is_current() -> None:
-    assert families_doc.main(["--check"]) == 0, "run `scripts/dev lad docs families --write`"
+    assert families_doc.main(["--check"]) == 0, "run `python -m tools.docs families --write`"
 
 
 def test_every_registered_family_has_a_row_and_its_three_doc_lines() -> None:
@@ -24,15 +24,15 @@ def test_every_registered_family_has_a_row_and_its_three_doc_lines() -> None:
 
 
 def test_check_fails_on_a_stale_table(tmp_path: Path, monkeypatch) -> None:
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "models.md"
     start, end = families_doc.START, families_doc.END
     current = replace_block(f"intro\n{start}\n{end}\nrest\n", start, end, families_doc.table())
     assert current is not None
     readme.write_text(current)
-    assert sync(current, check=True, command="x", readme=readme) == 0
-    monkeypatch.setattr(families_doc, "README", readme)
+    assert sync(current, check=True, command="x", page=readme) == 0
+    monkeypatch.setattr(families_doc, "PAGE", readme)
     assert families_doc.main(["--check"]) == 0
-    # a family whose documentation changed: the README no longer matches
+    # a family whose documentation changed: the page no longer matches
     adapter = families_doc.adapters()[0][1]
     monkeypatch.setattr(adapter, "doc_tested", adapter.doc_tested + " and more")
     assert families_doc.main(["--check"]) == 1

@@ -1,15 +1,15 @@
-"""The README's "Limits and errors" tables are generated from the code and kept current."""
+"""docs/api.md's "Limits and errors" tables are generated from the code and kept current."""
 
 from __future__ import annotations
 
 from app import errors
-from app.limits_doc import LIMITS, README, main, readme_block, tables
 from app.settings import Settings
+from tools.docs.limits import LIMITS, PAGE, main, page_block, tables
 
 
-def test_readme_tables_are_current() -> None:
-    assert main(["--check"]) == 0, "run `scripts/dev lad docs limits --write`"
-    assert readme_block(README.read_text()) == tables()
+def test_page_tables_are_current() -> None:
+    assert main(["--check"]) == 0, "run `python -m tools.docs limits --write`"
+    assert page_block(PAGE.read_text()) == tables()
 
 
 def test_every_error_code_and_every_limit_setting_is_documented() -> None:

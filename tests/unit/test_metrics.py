@@ -16,8 +16,17 @@ from tests.api.helpers import metric_value
 def test_every_error_code_of_the_table_is_pre_created_at_zero() -> None:
     codes = error_codes()
     # the codes the alert rules and the docs name, and one of every other kind
-    named = {"calibration_required", "profile_mismatch", "overloaded", "engine_error",
-             "internal_error", "store_unavailable", "not_ready", "invalid_image", "not_found"}
+    named = {
+        "calibration_required",
+        "profile_mismatch",
+        "overloaded",
+        "engine_error",
+        "internal_error",
+        "store_unavailable",
+        "not_ready",
+        "invalid_image",
+        "not_found",
+    }
     assert named <= set(codes)
     assert all(errors.ServiceError.code != c for c in codes)
     text = Metrics().render()[0].decode()
@@ -36,8 +45,10 @@ def test_fallback_series_exist_for_every_calibrated_method_and_n() -> None:
 
 def _fake_torch(available: bool) -> types.ModuleType:
     cuda = types.SimpleNamespace(
-        is_available=lambda: available, is_initialized=lambda: available,
-        device_count=lambda: 2, memory_allocated=lambda i: 100 + i,
+        is_available=lambda: available,
+        is_initialized=lambda: available,
+        device_count=lambda: 2,
+        memory_allocated=lambda i: 100 + i,
         memory_reserved=lambda i: 200 + i,
         get_device_properties=lambda i: types.SimpleNamespace(total_memory=1000),
     )
@@ -74,12 +85,24 @@ def test_process_metrics_are_in_every_registry() -> None:
 def test_build_info_names_the_version_and_the_loaded_model() -> None:
     metrics = Metrics()
     assert "lad_build_info{" not in metrics.render()[0].decode()  # not before the model loads
-    metrics.set_model_info({"model_id": "Qwen/Qwen2.5-VL-3B-Instruct", "revision": None,
-                            "dtype": "bfloat16", "device": "cuda:0",
-                            "attention_backend": "sdpa", "layers": "21,22"})
+    metrics.set_model_info(
+        {
+            "model_id": "Qwen/Qwen2.5-VL-3B-Instruct",
+            "revision": None,
+            "dtype": "bfloat16",
+            "device": "cuda:0",
+            "attention_backend": "sdpa",
+            "layers": "21,22",
+        }
+    )
     text = metrics.render()[0].decode()
-    labels = {"version": package_version(), "model": "Qwen/Qwen2.5-VL-3B-Instruct",
-              "revision": "", "dtype": "bfloat16", "device": "cuda:0"}
+    labels = {
+        "version": package_version(),
+        "model": "Qwen/Qwen2.5-VL-3B-Instruct",
+        "revision": "",
+        "dtype": "bfloat16",
+        "device": "cuda:0",
+    }
     assert metric_value(text, "lad_build_info", **labels) == 1
     assert package_version().count(".") >= 2
     (line,) = [x for x in text.splitlines() if x.startswith("lad_build_info{")]

@@ -52,8 +52,14 @@ def test_environment_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("[10, 11]", [10, 11]), ("10,11", [10, 11]), ("13,10", [10, 13]), ("10-13", [10, 11, 12, 13]),
-     ("7", [7]), ("", None)],
+    [
+        ("[10, 11]", [10, 11]),
+        ("10,11", [10, 11]),
+        ("13,10", [10, 13]),
+        ("10-13", [10, 11, 12, 13]),
+        ("7", [7]),
+        ("", None),
+    ],
 )
 def test_layers_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, expected) -> None:
     monkeypatch.setenv("LAD_LAYERS", raw)
@@ -62,9 +68,18 @@ def test_layers_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, expected) -
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("LAD_LAYERS", "3,3"), ("LAD_LAYERS", "5-2"), ("LAD_LAYERS", "a,b"), ("LAD_TOP_K", "0"),
-     ("LAD_TAU", "-1"), ("LAD_MIXTURE", "cubic"), ("LAD_MAX_IMAGES", "1"),
-     ("LAD_MAX_QUEUE", "0"), ("LAD_PORT", "70000"), ("LAD_PROMPT_VARIANT", "cot")],
+    [
+        ("LAD_LAYERS", "3,3"),
+        ("LAD_LAYERS", "5-2"),
+        ("LAD_LAYERS", "a,b"),
+        ("LAD_TOP_K", "0"),
+        ("LAD_TAU", "-1"),
+        ("LAD_MIXTURE", "cubic"),
+        ("LAD_MAX_IMAGES", "1"),
+        ("LAD_MAX_QUEUE", "0"),
+        ("LAD_PORT", "70000"),
+        ("LAD_PROMPT_VARIANT", "cot"),
+    ],
 )
 def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
@@ -80,8 +95,12 @@ def test_blank_tokens_mean_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_hyperparameters_recorded_in_profiles() -> None:
     s = _settings(top_k=3, mixture="log")
     assert s.method_hyperparameters() == {
-        "top_k": 3, "tau": 5.0, "posterior_variant": "reference", "mixture": "log",
-        "sink_guard": True, "prompt_variant": "vanilla",
+        "top_k": 3,
+        "tau": 5.0,
+        "posterior_variant": "reference",
+        "mixture": "log",
+        "sink_guard": True,
+        "prompt_variant": "vanilla",
     }
 
 
@@ -121,11 +140,16 @@ def test_limits_are_bounded() -> None:
 @pytest.mark.parametrize(
     ("host", "token", "opt_out", "refused"),
     [
-        ("127.0.0.1", None, False, False), ("localhost", None, False, False),
-        ("::1", None, False, False), ("127.0.0.2", None, False, False),
-        ("0.0.0.0", None, False, True), ("::", None, False, True),
-        ("10.1.2.3", None, False, True), ("example.org", None, False, True),
-        ("0.0.0.0", "s3cret", False, False), ("0.0.0.0", None, True, False),
+        ("127.0.0.1", None, False, False),
+        ("localhost", None, False, False),
+        ("::1", None, False, False),
+        ("127.0.0.2", None, False, False),
+        ("0.0.0.0", None, False, True),
+        ("::", None, False, True),
+        ("10.1.2.3", None, False, True),
+        ("example.org", None, False, True),
+        ("0.0.0.0", "s3cret", False, False),
+        ("0.0.0.0", None, True, False),
         ("0.0.0.0", "  ", False, True),
     ],
 )

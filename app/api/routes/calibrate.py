@@ -30,8 +30,9 @@ which then need at least max(n) images each: per N, each example is cut to its G
 of its negatives (seeded by `seed`) and run in all N rotations (M x sum(n) forward passes in
 one batched run); one version per N is stored, all or none, and `per_n` lists them."""
 
-EXAMPLES = {"three images": {"summary": "one example of three 32 x 32 PNGs",
-                             "value": CALIBRATE_EXAMPLE}}  # fmt: skip
+EXAMPLES = {
+    "three images": {"summary": "one example of three 32 x 32 PNGs", "value": CALIBRATE_EXAMPLE}
+}
 
 
 @register(router, "calibrate", description=DESCRIPTION, json_examples=EXAMPLES)

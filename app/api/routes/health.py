@@ -16,14 +16,23 @@ async def healthz() -> Health:
     return Health()
 
 
-@register(router, "readyz", responses={503: {
-    "model": Readiness, "description": "`not_ready`: the model is not loaded (yet); the body "
-    "is the readiness report, not the error envelope"}})  # fmt: skip
+@register(
+    router,
+    "readyz",
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "`not_ready`: the model is not loaded (yet); the body "
+            "is the readiness report, not the error envelope",
+        }
+    },
+)
 async def readyz(request: Request) -> JSONResponse:
     service = getattr(request.app.state, "service", None)
     if service is None:
-        body = Readiness(ready=False, status="not_ready", model={"loaded": False}, store={},
-                         queue={})  # fmt: skip
+        body = Readiness(
+            ready=False, status="not_ready", model={"loaded": False}, store={}, queue={}
+        )
     else:
         body = await service.readiness()
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)

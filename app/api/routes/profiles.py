@@ -29,16 +29,22 @@ NParam = Annotated[
 LabelsParam = Annotated[
     str,
     Query(
-        pattern=STORED_TEXT_PATTERN, max_length=MAX_N * 33 + 2, examples=["digits"],
+        pattern=STORED_TEXT_PATTERN,
+        max_length=MAX_N * 33 + 2,
+        examples=["digits"],
         description='label scheme: "digits", "upper", ..., "custom:<hash>" as listed, or a '
         "comma list (or JSON list) of the N labels",
     ),
-]  # fmt: skip
+]
 VersionParam = Annotated[
     int | None,
-    Query(ge=1, le=MAX_VERSION, examples=[1],
-          description="target version (default: the newest kept one before the current)"),
-]  # fmt: skip
+    Query(
+        ge=1,
+        le=MAX_VERSION,
+        examples=[1],
+        description="target version (default: the newest kept one before the current)",
+    ),
+]
 
 
 @register(router, "list_profiles")
@@ -52,13 +58,18 @@ async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
 
 
 @register(router, "delete_profile")
-async def delete_profile(name: NameParam, n: NParam, service: ServiceDep,
-                         labels: LabelsParam = "digits") -> ProfileDeleted:
+async def delete_profile(
+    name: NameParam, n: NParam, service: ServiceDep, labels: LabelsParam = "digits"
+) -> ProfileDeleted:
     return await service.delete_profile(name, labels, n)
 
 
 @register(router, "rollback_profile")
-async def rollback_profile(name: NameParam, n: NParam, service: ServiceDep,
-                           labels: LabelsParam = "digits",
-                           version: VersionParam = None) -> ProfileRolledBack:
+async def rollback_profile(
+    name: NameParam,
+    n: NParam,
+    service: ServiceDep,
+    labels: LabelsParam = "digits",
+    version: VersionParam = None,
+) -> ProfileRolledBack:
     return await service.rollback_profile(name, labels, n, version)

@@ -34,14 +34,22 @@ the body only: remote URLs are never fetched (400 `invalid_image`)."""
 async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -> RerankResponse:
     options: RerankOptions
     options, query, documents = await read_query_body(
-        request, settings, json_model=RerankRequest, options_model=RerankOptions,
-        files_field="documents", max_files=settings.max_rerank_candidates,
-    )  # fmt: skip
+        request,
+        settings,
+        json_model=RerankRequest,
+        options_model=RerankOptions,
+        files_field="documents",
+        max_files=settings.max_rerank_candidates,
+    )
     if isinstance(options, RerankRequest):  # documents in any accepted shape -> their images
         documents = options.images()
     sent = None
     if options.return_documents:  # as sent; a form's file parts (bytes) in base64
-        sent = options.sent() if isinstance(options, RerankRequest) else [
-            d if isinstance(d, str) else base64.b64encode(d).decode("ascii") for d in documents
-        ]  # fmt: skip
+        sent = (
+            options.sent()
+            if isinstance(options, RerankRequest)
+            else [
+                d if isinstance(d, str) else base64.b64encode(d).decode("ascii") for d in documents
+            ]
+        )
     return await service.rerank(options, query, documents, sent)

@@ -15,6 +15,7 @@ from lad_client.types import RetrieveOptions, RetrieveRequest, RetrieveResponse
 
 router = APIRouter(tags=["retrieve"])
 
+
 def _form_labels(raw: dict[str, Any]) -> dict[str, Any]:
     """A form's ``labels`` text: a scheme name, a JSON list or a comma list of N labels."""
     if "labels" in raw:
@@ -33,7 +34,12 @@ async def retrieve(
     """Answer which of N images matches `query` (JSON with base64 images, or multipart files)."""
     options: RetrieveOptions
     options, query, images = await read_query_body(
-        request, settings, json_model=RetrieveRequest, options_model=RetrieveOptions,
-        files_field="images", max_files=settings.max_images, form_fields=_form_labels,
-    )  # fmt: skip
+        request,
+        settings,
+        json_model=RetrieveRequest,
+        options_model=RetrieveOptions,
+        files_field="images",
+        max_files=settings.max_images,
+        form_fields=_form_labels,
+    )
     return await service.retrieve(options, query, images)

@@ -20,9 +20,12 @@ from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
 
 DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr", "simulated")
 DEFAULT_SETTINGS: dict[str, str] = {
-    "synthetic": "random", "jsonl": "given", "coco": "random", "flickr": "random",
+    "synthetic": "random",
+    "jsonl": "given",
+    "coco": "random",
+    "flickr": "random",
     "simulated": "adversarial",
-}  # fmt: skip
+}
 
 
 def open_dataset(
@@ -72,5 +75,12 @@ def open_dataset(
     return flickr_dataset(data, images, embed, **rule)
 
 
-__all__ = ["DATASETS", "DEFAULT_SETTINGS", "Dataset", "EvalItem", "check_disjoint",
-           "open_dataset", "open_image"]  # fmt: skip
+__all__ = [
+    "DATASETS",
+    "DEFAULT_SETTINGS",
+    "Dataset",
+    "EvalItem",
+    "check_disjoint",
+    "open_dataset",
+    "open_image",
+]

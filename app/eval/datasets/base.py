@@ -153,8 +153,9 @@ class ImagePool:
         if self.rule == "paper":
             if setting == "random":
                 return True
-            if target.categories is not None and target.categories <= (candidate.categories or
-                                                                        frozenset()):  # fmt: skip
+            if target.categories is not None and target.categories <= (
+                candidate.categories or frozenset()
+            ):
                 return False
             return self._text_cosine(query, candidate) < CAPTION_SIMILARITY
         if self._similar(query, candidate):
@@ -180,8 +181,9 @@ class ImagePool:
         for j in self._ranked(index, setting, rng):
             if len(negatives) == n - 1:
                 break
-            if self.pool[j] not in negatives and self._allowed(target, query, self.pool[j],
-                                                               setting):  # fmt: skip
+            if self.pool[j] not in negatives and self._allowed(
+                target, query, self.pool[j], setting
+            ):
                 negatives.append(self.pool[j])
         if len(negatives) < n - 1:
             return None

@@ -62,10 +62,16 @@ def compute_text_embeddings(clip: Path, texts: Sequence[str]) -> np.ndarray:
     chunks = []
     with torch.inference_mode():
         for start in range(0, len(texts), BATCH):
-            batch = tokenizer(list(texts[start : start + BATCH]), padding=True, truncation=True,
-                              max_length=context, return_tensors="pt")  # fmt: skip
-            features = model.get_text_features(input_ids=batch["input_ids"],
-                                               attention_mask=batch["attention_mask"])  # fmt: skip
+            batch = tokenizer(
+                list(texts[start : start + BATCH]),
+                padding=True,
+                truncation=True,
+                max_length=context,
+                return_tensors="pt",
+            )
+            features = model.get_text_features(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            )
             if not isinstance(features, torch.Tensor):
                 features = features.pooler_output
             chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).numpy())

@@ -31,8 +31,9 @@ def read_coco(captions: Path, images_dir: Path, instances: Path | None = None) -
         image_id = int(image["id"])
         if texts.get(image_id):
             cats = None if categories is None else frozenset(categories.get(image_id, ()))
-            pool.append(PoolImage(Path(images_dir) / image["file_name"],
-                                  tuple(texts[image_id]), cats))  # fmt: skip
+            pool.append(
+                PoolImage(Path(images_dir) / image["file_name"], tuple(texts[image_id]), cats)
+            )
     return pool
 
 

@@ -37,8 +37,14 @@ class JsonlDataset:
             if not 0 <= answer < len(images):
                 raise ValueError(f"{self.path}:{number}: answer {answer} is not an image index")
             paths = [(self.path.parent / p).resolve() for p in images]
-            self.lines.append({"id": str(row.get("id", number)), "query": query,
-                               "images": paths, "answer": answer})  # fmt: skip
+            self.lines.append(
+                {
+                    "id": str(row.get("id", number)),
+                    "query": query,
+                    "images": paths,
+                    "answer": answer,
+                }
+            )
         if not self.lines:
             raise ValueError(f"{self.path} holds no items")
 
@@ -57,7 +63,13 @@ class JsonlDataset:
             rng = np.random.default_rng(np.random.SeedSequence([seed, int(index)]))
             others = [i for i in range(len(row["images"])) if i != row["answer"]]
             keep = sorted([row["answer"], *rng.choice(others, size=n - 1, replace=False).tolist()])
-            out.append(EvalItem(f"jsonl/{row['id']}", row["query"],
-                                [row["images"][i] for i in keep], keep.index(row["answer"]),
-                                key))  # fmt: skip
+            out.append(
+                EvalItem(
+                    f"jsonl/{row['id']}",
+                    row["query"],
+                    [row["images"][i] for i in keep],
+                    keep.index(row["answer"]),
+                    key,
+                )
+            )
         return out

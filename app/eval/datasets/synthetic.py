@@ -33,8 +33,9 @@ class SyntheticDataset:
             ex = world.make_item(index, n, setting, seed, self.image_size)
             key = pixel_key(ex.images[ex.target])
             if key not in exclude:
-                out.append(EvalItem(f"synthetic/{seed}/{index}", ex.query, list(ex.images),
-                                    ex.target, key))  # fmt: skip
+                out.append(
+                    EvalItem(f"synthetic/{seed}/{index}", ex.query, list(ex.images), ex.target, key)
+                )
             index += 1
         return out
 

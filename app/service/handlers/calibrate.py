@@ -81,9 +81,15 @@ def _requested_n(p: Pipeline, request: CalibrateRequest) -> dict[int, Labels]:
 
 
 def build_profile(
-    p: Pipeline, name: str, fingerprint: Fingerprint, scores: np.ndarray,
-    attention: np.ndarray, gt: np.ndarray, num_examples: int, extra: dict[str, Any],
-) -> Profile:  # fmt: skip
+    p: Pipeline,
+    name: str,
+    fingerprint: Fingerprint,
+    scores: np.ndarray,
+    attention: np.ndarray,
+    gt: np.ndarray,
+    num_examples: int,
+    extra: dict[str, Any],
+) -> Profile:
     """The profile of one N from its rotated instances' evidence: B and P, the raw position
     share, and what online calibration keeps (offline sums, provenance, diagnostics)."""
     stats = CalibrationStats.from_evidence(scores, attention, gt)
@@ -91,13 +97,18 @@ def build_profile(
     layers = list(p.runner.layers)
     hyper = {**p.settings.method_hyperparameters(), "num_examples": num_examples, **extra}
     return Profile.create(
-        name=name, fingerprint=fingerprint, layers=layers,
-        bias_matrix=calibration.bias_matrix, attention_prior=calibration.attention_prior,
-        num_examples=num_examples, num_forward_passes=len(scores), hyperparameters=hyper,
+        name=name,
+        fingerprint=fingerprint,
+        layers=layers,
+        bias_matrix=calibration.bias_matrix,
+        attention_prior=calibration.attention_prior,
+        num_examples=num_examples,
+        num_forward_passes=len(scores),
+        hyperparameters=hyper,
         calibration_position_share=raw_position_share(scores),
         sink_layers=[layers[i] for i in calibration.sink_layers],
         **calibration_record(stats, scores, attention, gt, p.method_config),
-    )  # fmt: skip
+    )
 
 
 async def _calibrate(p: Pipeline, request: CalibrateRequest, t0: float) -> CalibrateResponse:
@@ -125,28 +136,54 @@ async def _calibrate(p: Pipeline, request: CalibrateRequest, t0: float) -> Calib
     for n in sizes:
         instances, gt = plan[n]
         batch = [next(results) for _ in instances]
-        profiles.append(build_profile(
-            p, request.profile, fingerprints[n], np.stack([r.scores for r in batch]),
-            np.stack([r.attention for r in batch]), gt, len(request.examples),
-            extra if several else {},
-        ))  # fmt: skip
+        profiles.append(
+            build_profile(
+                p,
+                request.profile,
+                fingerprints[n],
+                np.stack([r.scores for r in batch]),
+                np.stack([r.attention for r in batch]),
+                gt,
+                len(request.examples),
+                extra if several else {},
+            )
+        )
     stored = await p.profiles.put_many(profiles)
     logs.note(version=stored[-1].version)
-    per_n = [
-        CalibratedN(n=s.n, version=s.version, forward_passes=s.num_forward_passes,
-                    bias_matrix=s.bias_matrix, attention_prior=s.attention_prior,
-                    sink_layers=s.sink_layers)
-        for s in stored
-    ] if several else None  # fmt: skip
+    per_n = (
+        [
+            CalibratedN(
+                n=s.n,
+                version=s.version,
+                forward_passes=s.num_forward_passes,
+                bias_matrix=s.bias_matrix,
+                attention_prior=s.attention_prior,
+                sink_layers=s.sink_layers,
+            )
+            for s in stored
+        ]
+        if several
+        else None
+    )
     last = stored[-1]
     return CalibrateResponse(
-        profile=last.name, version=last.version, model=p.model_id, labels=last.label_scheme,
-        n=last.n, num_examples=last.num_examples, forward_passes=len(works),
-        bias_matrix=last.bias_matrix, attention_prior=last.attention_prior, layers=last.layers,
-        sink_layers=last.sink_layers, hyperparameters=last.hyperparameters,
-        created_at=last.created_at, duration_s=round(time.perf_counter() - t0, 4),
-        diagnostics=last.diagnostics, per_n=per_n,
-    )  # fmt: skip
+        profile=last.name,
+        version=last.version,
+        model=p.model_id,
+        labels=last.label_scheme,
+        n=last.n,
+        num_examples=last.num_examples,
+        forward_passes=len(works),
+        bias_matrix=last.bias_matrix,
+        attention_prior=last.attention_prior,
+        layers=last.layers,
+        sink_layers=last.sink_layers,
+        hyperparameters=last.hyperparameters,
+        created_at=last.created_at,
+        duration_s=round(time.perf_counter() - t0, 4),
+        diagnostics=last.diagnostics,
+        per_n=per_n,
+    )
 
 
 async def calibrate(p: Pipeline, request: CalibrateRequest) -> CalibrateResponse:

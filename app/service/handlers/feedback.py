@@ -25,8 +25,9 @@ async def feedback(online: OnlineService, body: FeedbackRequest) -> FeedbackResp
     key: ProfileKey = evidence.key
     logs.note(profile=key.name, labels=key.label_scheme, n=key.n)
     if answer >= key.n:
-        raise errors.InvalidRequest(f"answer {answer} is not an index of the request's "
-                                    f"{key.n} images (0..{key.n - 1})")  # fmt: skip
+        raise errors.InvalidRequest(
+            f"answer {answer} is not an index of the request's {key.n} images (0..{key.n - 1})"
+        )
     profiles = online.profiles
     exists = await profiles.call("get", profiles.store.get, key) is not None
     result = await online.call(online.online.feedback, request_id, answer, exists)
@@ -42,15 +43,20 @@ async def feedback(online: OnlineService, body: FeedbackRequest) -> FeedbackResp
     if result.outcome == COUNTED and online.settings.feedback_refresh_every > 0:
         refresh = await online.auto_refresh(key)
     return FeedbackResponse(
-        request_id=request_id, counted=result.outcome == COUNTED,
+        request_id=request_id,
+        counted=result.outcome == COUNTED,
         answer=int(result.answer if result.answer is not None else answer),
-        profile=key.name, labels=key.label_scheme, n=key.n, held_out=result.held_out,
+        profile=key.name,
+        labels=key.label_scheme,
+        n=key.n,
+        held_out=result.held_out,
         refresh=refresh,
-    )  # fmt: skip
+    )
 
 
-async def refresh(online: OnlineService, name: str, labels: str, n: int, force: bool
-                  ) -> RefreshResponse:  # fmt: skip
+async def refresh(
+    online: OnlineService, name: str, labels: str, n: int, force: bool
+) -> RefreshResponse:
     """A refresh of the profile (name, labels text, N) asked for by the operator."""
     key = online.profiles.stored_key(name, labels, n)
     logs.note(profile=name, labels=key.label_scheme, n=n)

@@ -25,6 +25,7 @@ async def delete(online: OnlineService, name: str, labels: str, n: int) -> Profi
     return deleted
 
 
-async def rollback(online: OnlineService, name: str, labels: str, n: int, version: int | None
-                   ) -> ProfileRolledBack:  # fmt: skip
+async def rollback(
+    online: OnlineService, name: str, labels: str, n: int, version: int | None
+) -> ProfileRolledBack:
     return await online.profiles.rollback(name, labels, n, version)

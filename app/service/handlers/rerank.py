@@ -68,18 +68,23 @@ def _check_counts(p: Pipeline, n: int, top_n: int | None) -> int:
 def _calibrated_sizes(p: Pipeline, profile: str, scheme: str) -> list[int]:
     """The N the profile has a current version for (the running model, these labels)."""
     return sorted(
-        k.n for k in p.profiles.store.list_keys(p.model_id)
+        k.n
+        for k in p.profiles.store.list_keys(p.model_id)
         if k.name == profile and k.label_scheme == scheme
-    )  # fmt: skip
+    )
 
 
-def _plan(p: Pipeline, options: RerankOptions, n: int, top_n: int
-          ) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:  # fmt: skip
+def _plan(
+    p: Pipeline, options: RerankOptions, n: int, top_n: int
+) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:
     """Off the event loop: the window size (default: the largest calibrated N), the rounds'
     window sizes, the labels of each size (resolved once) and the plan (the profiles of
     every size, or 409)."""
-    calibrated = [k for k in _calibrated_sizes(p, options.profile, options.labels)
-                  if k <= p.settings.max_images]  # fmt: skip
+    calibrated = [
+        k
+        for k in _calibrated_sizes(p, options.profile, options.labels)
+        if k <= p.settings.max_images
+    ]
     window = options.window or (calibrated[-1] if calibrated else p.settings.max_images)
     rounds = window_sizes(n, min(window, n), top_n)
     needed = sorted({s for r in rounds for s in r})
@@ -105,9 +110,13 @@ def _plan(p: Pipeline, options: RerankOptions, n: int, top_n: int
     return plan, window, rounds, {lab.n: lab for lab in labels}
 
 
-async def rerank(p: Pipeline, options: RerankOptions, query: str,
-                 documents: Sequence[ImageInput], sent: Sequence[SentDocument] | None = None,
-                 ) -> RerankResponse:  # fmt: skip
+async def rerank(
+    p: Pipeline,
+    options: RerankOptions,
+    query: str,
+    documents: Sequence[ImageInput],
+    sent: Sequence[SentDocument] | None = None,
+) -> RerankResponse:
     """``sent``: the documents as the client sent them, echoed per result when given
     (return_documents)."""
     t0 = time.perf_counter()
@@ -128,9 +137,10 @@ async def rerank(p: Pipeline, options: RerankOptions, query: str,
     spent, tokens = 0, _PromptTokens()
     while (windows := tournament.next_round()) is not None:
         works = [
-            work for w in windows
+            work
+            for w in windows
             for work in p.works(query, [pil[i] for i in w], labels[len(w)], passes(method, len(w)))
-        ]  # fmt: skip
+        ]
         results = await p.worker.run(works, bulk=len(works) > p.settings.max_queue)
         spent += len(works)
         tokens.add(r.prompt_tokens for r in results)
@@ -142,21 +152,31 @@ async def rerank(p: Pipeline, options: RerankOptions, query: str,
         tournament.record(probabilities)
     scores = tournament.relevance()
     results_out = [
-        RerankResult(index=i, relevance_score=float(scores[i]),
-                     document=None if sent is None else sent[i])
+        RerankResult(
+            index=i, relevance_score=float(scores[i]), document=None if sent is None else sent[i]
+        )
         for i in tournament.ranking()[: options.top_n or n]
-    ]  # fmt: skip
+    ]
     meta = RerankMeta(
-        method=method, model=p.model_id,
+        method=method,
+        model=p.model_id,
         profile={str(size): prof.version for size, prof in sorted(profiles.items())} or None,
-        window=min(window, n), seed=seed, rounds=tournament.rounds_played, windows=rounds,
+        window=min(window, n),
+        seed=seed,
+        rounds=tournament.rounds_played,
+        windows=rounds,
         forward_passes=spent,
-        timings_ms={"decode": decode_ms, "forward": ms_since(t0) - decode_ms,
-                    "total": ms_since(t0)},
-    )  # fmt: skip
+        timings_ms={
+            "decode": decode_ms,
+            "forward": ms_since(t0) - decode_ms,
+            "total": ms_since(t0),
+        },
+    )
     request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
     return RerankResponse(
-        id=f"rerank-{request_id}", model=p.model_id,
+        id=f"rerank-{request_id}",
+        model=p.model_id,
         usage=RerankUsage(images=n, prompt_tokens=tokens.total, forward_passes=spent),
-        results=results_out, meta=meta,
-    )  # fmt: skip
+        results=results_out,
+        meta=meta,
+    )

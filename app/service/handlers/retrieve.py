@@ -34,8 +34,9 @@ def _uncalibrated(p: Pipeline, ctx: Context) -> errors.ServiceError:
     )
 
 
-def decode(p: Pipeline, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
-           ) -> Context:  # fmt: skip
+def decode(
+    p: Pipeline, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
+) -> Context:
     """The checks that need no thread: the query, N and the labels (resolved here, once)."""
     p.decoder.query(query)
     ctx = Context(query, images, options.method, options.profile, options.return_details)
@@ -75,26 +76,39 @@ def encode(p: Pipeline, ctx: Context) -> RetrieveResponse:
     index = int(np.argmax(out.probabilities))
     debiased = ctx.method != "vanilla"
     p.metrics.observe_answer(
-        method=ctx.method, n=ctx.n, raw=int(np.argmax(s)), debiased=index if debiased else None,
+        method=ctx.method,
+        n=ctx.n,
+        raw=int(np.argmax(s)),
+        debiased=index if debiased else None,
         profile=(stored.name, stored.label_scheme) if stored else None,
-        fallback_for=ctx.fallback_for, prompt_tokens=first.prompt_tokens,
-    )  # fmt: skip
+        fallback_for=ctx.fallback_for,
+        prompt_tokens=first.prompt_tokens,
+    )
     details = None
     if ctx.return_details:
         details = RetrieveDetails(
-            labels=list(ctx.labels.strings), scores=s.tolist(),
+            labels=list(ctx.labels.strings),
+            scores=s.tolist(),
             debiased_scores=None if out.debiased_scores is None else out.debiased_scores.tolist(),
-            attention=a.tolist(), layers=list(p.runner.layers), batch_size=first.batch_size,
-        )  # fmt: skip
+            attention=a.tolist(),
+            layers=list(p.runner.layers),
+            batch_size=first.batch_size,
+        )
     return RetrieveResponse(
-        index=index, ranking=debias.ranking(out.probabilities), label=ctx.labels.strings[index],
-        probabilities=out.probabilities.tolist(), raw_probabilities=debias.softmax(s).tolist(),
+        index=index,
+        ranking=debias.ranking(out.probabilities),
+        label=ctx.labels.strings[index],
+        probabilities=out.probabilities.tolist(),
+        raw_probabilities=debias.softmax(s).tolist(),
         posterior=None if out.posterior is None else out.posterior.tolist(),
-        method=ctx.method, debiased=debiased,
+        method=ctx.method,
+        debiased=debiased,
         profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
-        model=p.model_id, timings_ms=ctx.timings, details=details,
+        model=p.model_id,
+        timings_ms=ctx.timings,
+        details=details,
         request_id=errors.REQUEST_ID.get(),
-    )  # fmt: skip
+    )
 
 
 def _observe(p: Pipeline, ctx: Context) -> None:
@@ -109,13 +123,20 @@ def _observe(p: Pipeline, ctx: Context) -> None:
 
 
 async def retrieve(
-    p: Pipeline, online: OnlineService, options: RetrieveOptions, query: str,
+    p: Pipeline,
+    online: OnlineService,
+    options: RetrieveOptions,
+    query: str,
     images: Sequence[ImageInput],
-) -> RetrieveResponse:  # fmt: skip
+) -> RetrieveResponse:
     """The whole pipeline for one retrieval."""
-    logs.note(method=options.method, requested_method=options.method, n=len(images),
-              profile=options.profile,
-              labels=options.labels if isinstance(options.labels, str) else "custom")
+    logs.note(
+        method=options.method,
+        requested_method=options.method,
+        n=len(images),
+        profile=options.profile,
+        labels=options.labels if isinstance(options.labels, str) else "custom",
+    )
     ctx = decode(p, options, query, images)
     assert ctx.labels is not None
     async with p.decoder.slot():
@@ -135,9 +156,13 @@ async def retrieve(
     response = encode(p, ctx)
     first = ctx.results[0]
     key = ctx.stored.key if ctx.stored else p.key(ctx.profile, ctx.labels)
-    await online.remember(response.request_id, key, ctx.stored.version if ctx.stored else None,
-                          first.scores, first.attention)  # fmt: skip
+    await online.remember(
+        response.request_id,
+        key,
+        ctx.stored.version if ctx.stored else None,
+        first.scores,
+        first.attention,
+    )
     ctx.timings["encode"] = response.timings_ms["encode"] = ms_since(t2)
     _observe(p, ctx)
     return response
-

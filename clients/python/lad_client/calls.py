@@ -123,33 +123,52 @@ class Api:
         return call.model.model_validate(response.json())
 
     @staticmethod
-    def retrieve(query: str, images: Sequence[ImageLike], method: str, profile: str,
-                 labels: str | Sequence[str], return_details: bool) -> Call:  # fmt: skip
+    def retrieve(
+        query: str,
+        images: Sequence[ImageLike],
+        method: str,
+        profile: str,
+        labels: str | Sequence[str],
+        return_details: bool,
+    ) -> Call:
         body = {
-            "query": query, "images": [encode_image(im) for im in images], "method": method,
-            "profile": profile, "labels": _labels(labels), "return_details": return_details,
-        }  # fmt: skip
+            "query": query,
+            "images": [encode_image(im) for im in images],
+            "method": method,
+            "profile": profile,
+            "labels": _labels(labels),
+            "return_details": return_details,
+        }
         return Call.to("retrieve", RetrieveResponse, json=body)
 
     @staticmethod
-    def rerank(query: str, images: Sequence[ImageLike], top_n: int | None,
-               options: dict[str, Any]) -> Call:  # fmt: skip
-        body = {"query": query, "documents": [encode_image(im) for im in images],
-                "top_n": top_n, **{k: v for k, v in options.items() if v is not None}}
+    def rerank(
+        query: str, images: Sequence[ImageLike], top_n: int | None, options: dict[str, Any]
+    ) -> Call:
+        body = {
+            "query": query,
+            "documents": [encode_image(im) for im in images],
+            "top_n": top_n,
+            **{k: v for k, v in options.items() if v is not None},
+        }
         return Call.to("rerank", RerankResponse, json=body)
 
     @staticmethod
-    def calibrate(examples: Sequence[Example], profile: str,
-                  labels: str | Sequence[str], n: Sequence[int] | str | None = None,
-                  ) -> Call:  # fmt: skip
+    def calibrate(
+        examples: Sequence[Example],
+        profile: str,
+        labels: str | Sequence[str],
+        n: Sequence[int] | str | None = None,
+    ) -> Call:
         body = {
-            "profile": profile, "labels": _labels(labels),
+            "profile": profile,
+            "labels": _labels(labels),
             **({} if n is None else {"n": n if isinstance(n, str) else list(n)}),
             "examples": [
                 {"query": q, "images": [encode_image(im) for im in ims], "answer": int(answer)}
                 for q, ims, answer in examples
             ],
-        }  # fmt: skip
+        }
         return Call.to("calibrate", CalibrateResponse, json=body)
 
     @staticmethod
@@ -167,8 +186,9 @@ class Api:
         params: dict[str, Any] = {"n": n, "labels": labels}
         if version is not None:
             params["version"] = version
-        return Call.to("rollback_profile", ProfileRolledBack, path_params={"name": name},
-                       params=params)
+        return Call.to(
+            "rollback_profile", ProfileRolledBack, path_params={"name": name}, params=params
+        )
 
     @staticmethod
     def feedback(request_id: str, answer: int) -> Call:
@@ -177,10 +197,18 @@ class Api:
 
     @staticmethod
     def refresh(name: str, n: int, labels: str, force: bool) -> Call:
-        return Call.to("refresh_profile", RefreshResponse, path_params={"name": name},
-                       params={"n": n, "labels": labels, "force": force})  # fmt: skip
+        return Call.to(
+            "refresh_profile",
+            RefreshResponse,
+            path_params={"name": name},
+            params={"n": n, "labels": labels, "force": force},
+        )
 
     @staticmethod
     def delete(name: str, n: int, labels: str) -> Call:
-        return Call.to("delete_profile", ProfileDeleted, path_params={"name": name},
-                       params={"n": n, "labels": labels})  # fmt: skip
+        return Call.to(
+            "delete_profile",
+            ProfileDeleted,
+            path_params={"name": name},
+            params={"n": n, "labels": labels},
+        )

@@ -83,34 +83,61 @@ class LadClient:
             except StopIteration as done:
                 return done.value
 
-    def retrieve(self, query: str, images: Sequence[ImageLike], *, method: str = "agd",
-                 profile: str = "default", labels: str | Sequence[str] = "digits",
-                 return_details: bool = False, request_id: str | None = None,
-                 ) -> RetrieveResponse:  # fmt: skip
+    def retrieve(
+        self,
+        query: str,
+        images: Sequence[ImageLike],
+        *,
+        method: str = "agd",
+        profile: str = "default",
+        labels: str | Sequence[str] = "digits",
+        return_details: bool = False,
+        request_id: str | None = None,
+    ) -> RetrieveResponse:
         """Which image matches ``query``: ``.index`` (0-based), ``.probabilities``..."""
         call = self._api.retrieve(query, images, method, profile, labels, return_details)
         return self._send(call, request_id)
 
-    def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
-               method: str = "agd", profile: str = "default", window: int | None = None,
-               seed: int | None = None, model: str | None = None,
-               return_documents: bool = False, request_id: str | None = None,
-               ) -> RerankResponse:  # fmt: skip
+    def rerank(
+        self,
+        query: str,
+        images: Sequence[ImageLike],
+        *,
+        top_n: int | None = None,
+        method: str = "agd",
+        profile: str = "default",
+        window: int | None = None,
+        seed: int | None = None,
+        model: str | None = None,
+        return_documents: bool = False,
+        request_id: str | None = None,
+    ) -> RerankResponse:
         """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score,
         with ``return_documents`` the document as sent), best first; ``.usage`` and
         ``.meta`` say the windows, the seed and the forward passes spent. ``model``, when
         given, must be the served id (``models()``)."""
-        options = {"method": method, "profile": profile, "window": window, "seed": seed,
-                   "model": model, "return_documents": return_documents or None}  # fmt: skip
+        options = {
+            "method": method,
+            "profile": profile,
+            "window": window,
+            "seed": seed,
+            "model": model,
+            "return_documents": return_documents or None,
+        }
         return self._send(self._api.rerank(query, images, top_n, options), request_id)
 
     def models(self) -> ModelList:
         """The served model (OpenAI's list shape): ``.data[0].id``."""
         return self._send(self._api.models())
 
-    def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
-                  labels: str | Sequence[str] = "digits",
-                  n: Sequence[int] | str | None = None) -> CalibrateResponse:  # fmt: skip
+    def calibrate(
+        self,
+        examples: Sequence[Example],
+        *,
+        profile: str = "default",
+        labels: str | Sequence[str] = "digits",
+        n: Sequence[int] | str | None = None,
+    ) -> CalibrateResponse:
         """A new profile version from (query, images, 0-based answer) examples of one N;
         with ``n`` (a list of N, or "all") one version per N from the same examples."""
         return self._send(self._api.calibrate(examples, profile, labels, n))
@@ -121,8 +148,9 @@ class LadClient:
     def profile(self, name: str) -> ProfileSummary:
         return self._send(self._api.profiles(name))
 
-    def rollback(self, name: str, n: int, labels: str = "digits",
-                 version: int | None = None) -> ProfileRolledBack:  # fmt: skip
+    def rollback(
+        self, name: str, n: int, labels: str = "digits", version: int | None = None
+    ) -> ProfileRolledBack:
         return self._send(self._api.rollback(name, n, labels, version))
 
     def delete(self, name: str, n: int, labels: str = "digits") -> ProfileDeleted:
@@ -133,8 +161,9 @@ class LadClient:
         right; idempotent, so it is safe to retry."""
         return self._send(self._api.feedback(request_id, answer))
 
-    def refresh(self, name: str, n: int, labels: str = "digits",
-                force: bool = False) -> RefreshResponse:  # fmt: skip
+    def refresh(
+        self, name: str, n: int, labels: str = "digits", force: bool = False
+    ) -> RefreshResponse:
         """Blend the feedback into profile ``name`` (live only if not less accurate)."""
         return self._send(self._api.refresh(name, n, labels, force))
 
@@ -190,28 +219,55 @@ class AsyncLadClient:
             except StopIteration as done:
                 return done.value
 
-    async def retrieve(self, query: str, images: Sequence[ImageLike], *, method: str = "agd",
-                       profile: str = "default", labels: str | Sequence[str] = "digits",
-                       return_details: bool = False, request_id: str | None = None,
-                       ) -> RetrieveResponse:  # fmt: skip
+    async def retrieve(
+        self,
+        query: str,
+        images: Sequence[ImageLike],
+        *,
+        method: str = "agd",
+        profile: str = "default",
+        labels: str | Sequence[str] = "digits",
+        return_details: bool = False,
+        request_id: str | None = None,
+    ) -> RetrieveResponse:
         call = self._api.retrieve(query, images, method, profile, labels, return_details)
         return await self._send(call, request_id)
 
-    async def rerank(self, query: str, images: Sequence[ImageLike], *, top_n: int | None = None,
-                     method: str = "agd", profile: str = "default", window: int | None = None,
-                     seed: int | None = None, model: str | None = None,
-                     return_documents: bool = False, request_id: str | None = None,
-                     ) -> RerankResponse:  # fmt: skip
-        options = {"method": method, "profile": profile, "window": window, "seed": seed,
-                   "model": model, "return_documents": return_documents or None}  # fmt: skip
+    async def rerank(
+        self,
+        query: str,
+        images: Sequence[ImageLike],
+        *,
+        top_n: int | None = None,
+        method: str = "agd",
+        profile: str = "default",
+        window: int | None = None,
+        seed: int | None = None,
+        model: str | None = None,
+        return_documents: bool = False,
+        request_id: str | None = None,
+    ) -> RerankResponse:
+        options = {
+            "method": method,
+            "profile": profile,
+            "window": window,
+            "seed": seed,
+            "model": model,
+            "return_documents": return_documents or None,
+        }
         return await self._send(self._api.rerank(query, images, top_n, options), request_id)
 
     async def models(self) -> ModelList:
         return await self._send(self._api.models())
 
-    async def calibrate(self, examples: Sequence[Example], *, profile: str = "default",
-                        labels: str | Sequence[str] = "digits",
-                        n: Sequence[int] | str | None = None) -> CalibrateResponse:  # fmt: skip
+    async def calibrate(
+        self,
+        examples: Sequence[Example],
+        *,
+        profile: str = "default",
+        labels: str | Sequence[str] = "digits",
+        n: Sequence[int] | str | None = None,
+    ) -> CalibrateResponse:
         return await self._send(self._api.calibrate(examples, profile, labels, n))
 
     async def profiles(self) -> ProfileList:
@@ -220,8 +276,9 @@ class AsyncLadClient:
     async def profile(self, name: str) -> ProfileSummary:
         return await self._send(self._api.profiles(name))
 
-    async def rollback(self, name: str, n: int, labels: str = "digits",
-                       version: int | None = None) -> ProfileRolledBack:  # fmt: skip
+    async def rollback(
+        self, name: str, n: int, labels: str = "digits", version: int | None = None
+    ) -> ProfileRolledBack:
         return await self._send(self._api.rollback(name, n, labels, version))
 
     async def delete(self, name: str, n: int, labels: str = "digits") -> ProfileDeleted:
@@ -230,8 +287,9 @@ class AsyncLadClient:
     async def feedback(self, request_id: str, answer: int) -> FeedbackResponse:
         return await self._send(self._api.feedback(request_id, answer))
 
-    async def refresh(self, name: str, n: int, labels: str = "digits",
-                      force: bool = False) -> RefreshResponse:  # fmt: skip
+    async def refresh(
+        self, name: str, n: int, labels: str = "digits", force: bool = False
+    ) -> RefreshResponse:
         return await self._send(self._api.refresh(name, n, labels, force))
 
     async def ready(self) -> Readiness:

@@ -17,8 +17,14 @@ RETRY_STATUSES = frozenset({429, 503})
 class LadError(RuntimeError):
     """An error answer of the service: HTTP status, error code, message, and when to retry."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None,
-                 request_id: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        retry_after_s: float | None = None,
+        request_id: str | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
         self.retry_after_s, self.request_id = retry_after_s, request_id
@@ -46,8 +52,13 @@ def error_of(response: httpx.Response) -> LadError:
         code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         code, message = "http_error", response.text[:500]
-    return LadError(response.status_code, code, message, retry_after_s(response),
-                    response.headers.get("X-Request-ID"))  # fmt: skip
+    return LadError(
+        response.status_code,
+        code,
+        message,
+        retry_after_s(response),
+        response.headers.get("X-Request-ID"),
+    )
 
 
 @dataclass(frozen=True)

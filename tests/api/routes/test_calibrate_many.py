@@ -18,8 +18,9 @@ def wide_items() -> list[RetrievalExample]:
     return make_items(3, n_candidates=5, setting="random", seed="calibration", image_size=56)
 
 
-def test_every_n_from_one_calibration(client: Any, wide_items: list[RetrievalExample],
-                                      items: list[RetrievalExample]) -> None:  # fmt: skip
+def test_every_n_from_one_calibration(
+    client: Any, wide_items: list[RetrievalExample], items: list[RetrievalExample]
+) -> None:
     body = calibration_body(wide_items, n="all", seed=3)
     r = client.post("/v1/calibrate", json=body)
     assert r.status_code == 200, r.text
@@ -48,8 +49,12 @@ def test_the_largest_n_equals_a_plain_calibration(
 
 
 def test_bad_n_is_422(client: Any, wide_items: list[RetrievalExample]) -> None:
-    for n, code in (([2, 6], "invalid_calibration"), ([1], "invalid_request"),
-                    ("some", "invalid_request"), ([], "invalid_request")):  # fmt: skip
+    for n, code in (
+        ([2, 6], "invalid_calibration"),
+        ([1], "invalid_request"),
+        ("some", "invalid_request"),
+        ([], "invalid_request"),
+    ):
         r = client.post("/v1/calibrate", json=calibration_body(wide_items, n=n))
         assert r.status_code == 422 and r.json()["error"]["code"] == code, (n, r.text)
     assert client.get("/v1/profiles").json()["profiles"] == []

@@ -40,8 +40,15 @@ def test_openapi_documents_both_encodings(client):
     spec = client.get("/openapi.json").json()
     content = spec["paths"]["/v1/retrieve"]["post"]["requestBody"]["content"]
     assert {"application/json", "multipart/form-data"} <= set(content)
-    assert {"/v1/calibrate", "/v1/profiles", "/v1/profiles/{name}",
-            "/v1/profiles/{name}/rollback", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+    assert {
+        "/v1/calibrate",
+        "/v1/profiles",
+        "/v1/profiles/{name}",
+        "/v1/profiles/{name}/rollback",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(spec["paths"])
     assert client.get("/docs").status_code == 200
 
 
@@ -60,15 +67,23 @@ def test_metrics_count_requests_stages_and_calibrations(client, items, calibrate
     post = {"route": "/v1/retrieve", "http_method": "POST"}
     assert value("lad_requests_total", **post, status="200") == 4
     assert value("lad_requests_total", **post, status="409") == 1
-    assert value("lad_requests_total", route="/v1/calibrate", http_method="POST",
-                 status="200") == 1
-    assert value("lad_requests_total", route="/v1/profiles/{name}", http_method="GET",
-                 status="200") == 1
+    assert value("lad_requests_total", route="/v1/calibrate", http_method="POST", status="200") == 1
+    assert (
+        value("lad_requests_total", route="/v1/profiles/{name}", http_method="GET", status="200")
+        == 1
+    )
     # the latency histogram carries the retrieval method (the 409 was an agd request)
     assert value("lad_request_duration_seconds_count", **post, method="agd") == 4
     assert value("lad_request_duration_seconds_count", **post, method="vanilla") == 1
-    assert value("lad_request_duration_seconds_count", route="/v1/calibrate",
-                 http_method="POST", method="") == 1
+    assert (
+        value(
+            "lad_request_duration_seconds_count",
+            route="/v1/calibrate",
+            http_method="POST",
+            method="",
+        )
+        == 1
+    )
     for stage in ("decode", "queue", "forward", "score", "debias", "encode"):
         assert value("lad_stage_duration_seconds_count", stage=stage, method="agd") == 3, stage
         assert value("lad_stage_duration_seconds_count", stage=stage, method="vanilla") == 1
@@ -86,31 +101,60 @@ def test_metrics_count_requests_stages_and_calibrations(client, items, calibrate
     assert value("lad_errors_total", code="overloaded") == 0  # pre-created
     assert value("lad_store_degraded") == 0
     assert value("lad_profile_version", profile="default", labels="digits", n="3") == 1
-    created = value("lad_profile_created_timestamp_seconds", profile="default", labels="digits",
-                    n="3")
+    created = value(
+        "lad_profile_created_timestamp_seconds", profile="default", labels="digits", n="3"
+    )
     assert created is not None and created > 1.7e9
-    shares = [value("lad_profile_calibration_position_share", profile="default",
-                    labels="digits", n="3", position=str(p)) for p in range(3)]
+    shares = [
+        value(
+            "lad_profile_calibration_position_share",
+            profile="default",
+            labels="digits",
+            n="3",
+            position=str(p),
+        )
+        for p in range(3)
+    ]
     assert None not in shares and abs(sum(shares) - 1) < 1e-9
     served = {"profile": "default", "labels": "digits", "n": "3"}
-    raw = sum(value("lad_predicted_position_total", method="agd", position=str(p), kind="raw",
-                    **served) or 0 for p in range(3))
-    debiased = sum(value("lad_predicted_position_total", method="agd", position=str(p),
-                         kind="debiased", **served) or 0 for p in range(3))
+    raw = sum(
+        value("lad_predicted_position_total", method="agd", position=str(p), kind="raw", **served)
+        or 0
+        for p in range(3)
+    )
+    debiased = sum(
+        value(
+            "lad_predicted_position_total", method="agd", position=str(p), kind="debiased", **served
+        )
+        or 0
+        for p in range(3)
+    )
     assert raw == debiased == 3
     unserved = {"profile": "", "labels": "", "n": "3"}
-    assert sum(value("lad_predicted_position_total", method="vanilla", position=str(p),
-                     kind="raw", **unserved) or 0 for p in range(3)) == 1
-    assert value("lad_predicted_position_total", method="vanilla", position="0",
-                 kind="debiased") is None
+    assert (
+        sum(
+            value(
+                "lad_predicted_position_total",
+                method="vanilla",
+                position=str(p),
+                kind="raw",
+                **unserved,
+            )
+            or 0
+            for p in range(3)
+        )
+        == 1
+    )
+    assert (
+        value("lad_predicted_position_total", method="vanilla", position="0", kind="debiased")
+        is None
+    )
     assert value("lad_request_images_sum", method="agd") == 9
     tokens = value("lad_prompt_tokens_count", method="agd")
     assert tokens == 3 and value("lad_prompt_tokens_sum", method="agd") > 3 * 12
     assert value("lad_fallback_total", method="agd", n="3") == 0  # pre-created, not used
-    assert value("lad_model_info", model_id="tiny-qwen2_5_vl", dtype="float32",
-                 device="cpu") == 1
-    assert value("lad_requests_total", route="unmatched", http_method="GET",
-                  status="404") is None
+    assert value("lad_model_info", model_id="tiny-qwen2_5_vl", dtype="float32", device="cpu") == 1
+    assert value("lad_requests_total", route="unmatched", http_method="GET", status="404") is None
     assert not re.search(r"^lad_\w+_created[{ ]", text, flags=re.M)  # no _created series
 
 
@@ -122,8 +166,16 @@ def test_fallback_answers_are_counted_as_fallback(make_client, items):
     assert metric_value(text, "lad_fallback_total", method="pride", n="3") == 1
     assert metric_value(text, "lad_fallback_total", method="agd", n="3") == 0
     assert metric_value(text, "lad_fallback_total", method="agd", n="12") == 0  # to max_images
-    assert metric_value(text, "lad_request_duration_seconds_count", route="/v1/retrieve",
-                        http_method="POST", method="vanilla") == 1
+    assert (
+        metric_value(
+            text,
+            "lad_request_duration_seconds_count",
+            route="/v1/retrieve",
+            http_method="POST",
+            method="vanilla",
+        )
+        == 1
+    )
 
 
 def test_invalid_calibration_is_counted(client, calibrate_json):
@@ -138,8 +190,10 @@ def test_unmatched_routes_do_not_explode_label_cardinality(client):
     for i in range(3):
         client.get(f"/random/{i}")
     text = client.get("/metrics").text
-    assert metric_value(text, "lad_requests_total", route="unmatched", http_method="GET",
-                        status="404") == 3
+    assert (
+        metric_value(text, "lad_requests_total", route="unmatched", http_method="GET", status="404")
+        == 3
+    )
     assert metric_value(text, "lad_errors_total", code="not_found") == 3
 
 
@@ -153,8 +207,7 @@ def test_two_apps_in_one_process_keep_separate_metrics(make_client, items):
 
 
 @pytest.mark.parametrize("operation", ["put"])
-def test_store_errors_answer_503_and_are_counted(make_client, calibrate_json, tmp_path,
-                                                 operation):
+def test_store_errors_answer_503_and_are_counted(make_client, calibrate_json, tmp_path, operation):
     """A file store whose directory vanished (replaced by a file) cannot write: 503 + metric."""
     import shutil
 
@@ -185,15 +238,22 @@ def test_openapi_tells_the_truth_about_limits_and_errors(make_client):
     assert scheme["enum"] == ["digits", "upper", "lower", "roman", "words"]
     assert custom["maxItems"] == 5 and custom["items"]["maxLength"] == 9
     form = retrieve["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert form["properties"]["images"]["maxItems"] == 5 and "pattern" in form["properties"][
-        "labels"]
+    assert (
+        form["properties"]["images"]["maxItems"] == 5 and "pattern" in form["properties"]["labels"]
+    )
     example = spec["components"]["schemas"]["CalibrationExample"]
     assert example["properties"]["answer"]["maximum"] == 4
     codes = {status: text["description"] for status, text in retrieve["responses"].items()}
-    for status, code in [("400", "invalid_image"), ("413", "payload_too_large"),
-                         ("415", "unsupported_image_format"), ("422", "too_many_images"),
-                         ("408", "request_timeout"), ("429", "overloaded"),
-                         ("409", "calibration_required"), ("503", "not_ready")]:
+    for status, code in [
+        ("400", "invalid_image"),
+        ("413", "payload_too_large"),
+        ("415", "unsupported_image_format"),
+        ("422", "too_many_images"),
+        ("408", "request_timeout"),
+        ("429", "overloaded"),
+        ("409", "calibration_required"),
+        ("503", "not_ready"),
+    ]:
         assert f"`{code}`" in codes[status], (status, code)
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():

@@ -38,8 +38,13 @@ def test_rollback_changes_the_version_served(client, items, calibrate_json):
 
     r = client.post("/v1/profiles/default/rollback", params={"n": 3})
     assert r.status_code == 200
-    assert r.json() == {"name": "default", "labels": "digits", "n": 3, "version": 1,
-                        "previous_version": 2}
+    assert r.json() == {
+        "name": "default",
+        "labels": "digits",
+        "n": 3,
+        "version": 1,
+        "previous_version": 2,
+    }
     assert client.post("/v1/retrieve", json=body).json()["profile"]["version"] == 1
     r = client.post("/v1/profiles/default/rollback", params={"n": 3})
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_previous_version"

@@ -33,8 +33,9 @@ def test_tournament_shape_cost_and_determinism(client: Any, many: RetrievalExamp
     assert meta["rounds"] == 4 and meta["seed"] == 11 and meta["window"] == 4
     assert meta["forward_passes"] == sum(len(r) for r in meta["windows"])  # 1 pass per window
     assert meta["profile"] is None and meta["method"] == "vanilla"
-    again = client.post("/v1/rerank", json=body(many, method="vanilla", window=4, top_n=3,
-                                                seed=11)).json()  # fmt: skip
+    again = client.post(
+        "/v1/rerank", json=body(many, method="vanilla", window=4, top_n=3, seed=11)
+    ).json()
     assert again["results"] == out["results"]
     full = client.post("/v1/rerank", json=body(many, method="vanilla", window=4, seed=11)).json()
     assert sorted(x["index"] for x in full["results"]) == list(range(10))  # top_n unset: all
@@ -53,8 +54,11 @@ def test_perm_avg_costs_n_per_window_and_one_window_equals_retrieve(
     ranked = client.post("/v1/rerank", json=body(item, method="perm_avg", seed=5)).json()
     answer = client.post("/v1/retrieve", json=retrieve_body(item, method="perm_avg")).json()
     assert [x["index"] for x in ranked["results"]] == answer["ranking"]
-    assert np.allclose([x["relevance_score"] for x in ranked["results"]],
-                       sorted(answer["probabilities"], reverse=True), atol=1e-9)  # fmt: skip
+    assert np.allclose(
+        [x["relevance_score"] for x in ranked["results"]],
+        sorted(answer["probabilities"], reverse=True),
+        atol=1e-9,
+    )
 
 
 def test_agd_uses_the_profile_of_each_window_size(client: Any, many: RetrievalExample) -> None:
@@ -80,8 +84,9 @@ def test_multipart_equals_json(client: Any, many: RetrievalExample) -> None:
     files = [("documents", f[1]) for f in multipart_files(many.images)]
     r = client.post("/v1/rerank", data=fields, files=files)
     assert r.status_code == 200, r.text
-    json_out = client.post("/v1/rerank", json=body(many, method="vanilla", window=4, seed=9,
-                                                   top_n=2)).json()  # fmt: skip
+    json_out = client.post(
+        "/v1/rerank", json=body(many, method="vanilla", window=4, seed=9, top_n=2)
+    ).json()
     assert r.json()["results"] == json_out["results"]
 
 
@@ -90,20 +95,38 @@ def test_bad_input_is_4xx(make_client: Any, many: RetrievalExample) -> None:
     cases = [
         (body(many, method="vanilla"), 422, "too_many_images"),
         ({**body(many), "documents": body(many)["documents"][:1]}, 422, "invalid_request"),
-        ({**body(many, top_n=5), "documents": body(many)["documents"][:4]}, 422,
-         "invalid_request"),
-        ({**body(many, window=1), "documents": body(many)["documents"][:4]}, 422,
-         "invalid_request"),
-        ({**body(many, labels=["a", "b"]), "documents": body(many)["documents"][:2]}, 422,
-         "invalid_request"),
-        ({**body(many, method="vanilla"), "documents": ["bm90IGFuIGltYWdl"] * 3}, 400,
-         "invalid_image"),
-        ({**body(many, method="vanilla", window=20), "documents": body(many)["documents"][:4]},
-         200, None),
-        ({**body(many, method="vanilla"), "query": " ", "documents": body(many)["documents"][:4]},
-         422, "invalid_query"),
+        ({**body(many, top_n=5), "documents": body(many)["documents"][:4]}, 422, "invalid_request"),
+        (
+            {**body(many, window=1), "documents": body(many)["documents"][:4]},
+            422,
+            "invalid_request",
+        ),
+        (
+            {**body(many, labels=["a", "b"]), "documents": body(many)["documents"][:2]},
+            422,
+            "invalid_request",
+        ),
+        (
+            {**body(many, method="vanilla"), "documents": ["bm90IGFuIGltYWdl"] * 3},
+            400,
+            "invalid_image",
+        ),
+        (
+            {**body(many, method="vanilla", window=20), "documents": body(many)["documents"][:4]},
+            200,
+            None,
+        ),
+        (
+            {
+                **body(many, method="vanilla"),
+                "query": " ",
+                "documents": body(many)["documents"][:4],
+            },
+            422,
+            "invalid_query",
+        ),
         ({**body(many), "extra": 1}, 422, "invalid_request"),
-    ]  # fmt: skip
+    ]
     for payload, status, code in cases:
         r = client.post("/v1/rerank", json=payload)
         assert r.status_code == status, (payload.keys(), r.text)
@@ -129,8 +152,10 @@ def test_bad_input_is_4xx(make_client: Any, many: RetrievalExample) -> None:
     r = client.post("/v1/rerank", content=b"x", headers={"content-type": "text/plain"})
     assert r.status_code == 415
     big = make_client(max_rerank_candidates=8, max_images=4)
-    r = big.post("/v1/rerank", json={**body(many, method="vanilla", window=6),
-                                     "documents": body(many)["documents"][:6]})  # fmt: skip
+    r = big.post(
+        "/v1/rerank",
+        json={**body(many, method="vanilla", window=6), "documents": body(many)["documents"][:6]},
+    )
     assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_images"
 
 
@@ -149,8 +174,9 @@ class RecordingRunner:
         return self.inner.forward(items, labels=labels)
 
 
-def test_windows_of_a_round_share_one_batch(make_client: Any, runner: Any,
-                                            many: RetrievalExample) -> None:  # fmt: skip
+def test_windows_of_a_round_share_one_batch(
+    make_client: Any, runner: Any, many: RetrievalExample
+) -> None:
     recording = RecordingRunner(runner)
     client = make_client(runner_override=recording, max_batch_size=8, max_wait_ms=50)
     out = client.post("/v1/rerank", json=body(many, method="vanilla", window=4, seed=1)).json()

@@ -52,8 +52,13 @@ def test_models_lists_the_served_model(client: Any, runner: Any) -> None:
 def test_cohere_shape(calibrated: Any, items: list[RetrievalExample]) -> None:
     item, model = items[0], served(calibrated)
     docs = [b64(im) for im in item.images]
-    body = {"model": model, "query": item.query, "documents": docs, "top_n": 2,
-            "return_documents": True}  # fmt: skip
+    body = {
+        "model": model,
+        "query": item.query,
+        "documents": docs,
+        "top_n": 2,
+        "return_documents": True,
+    }
     r = calibrated.post("/v1/rerank", json=body, headers={"X-Request-ID": "abc123"})
     assert r.status_code == 200, r.text
     out = r.json()
@@ -70,8 +75,14 @@ def test_cohere_shape(calibrated: Any, items: list[RetrievalExample]) -> None:
 def test_jina_shape(calibrated: Any, items: list[RetrievalExample]) -> None:
     item, model = items[1], served(calibrated)
     docs = [{"image": data_url(im, "PNG")} for im in item.images]
-    body = {"model": model, "query": item.query, "documents": docs, "top_n": 3,
-            "return_documents": True, "seed": 8}  # fmt: skip
+    body = {
+        "model": model,
+        "query": item.query,
+        "documents": docs,
+        "top_n": 3,
+        "return_documents": True,
+        "seed": 8,
+    }
     r = calibrated.post("/v1/rerank", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -79,17 +90,19 @@ def test_jina_shape(calibrated: Any, items: list[RetrievalExample]) -> None:
     assert sorted(x["index"] for x in out["results"]) == [0, 1, 2]
     for x in out["results"]:
         assert x["document"] == docs[x["index"]]
-    as_strings = calibrated.post("/v1/rerank", json={
-        **body, "documents": [d["image"] for d in docs]}).json()  # fmt: skip
+    as_strings = calibrated.post(
+        "/v1/rerank", json={**body, "documents": [d["image"] for d in docs]}
+    ).json()
     assert [x["index"] for x in as_strings["results"]] == [x["index"] for x in out["results"]]
-    assert np.allclose([x["relevance_score"] for x in as_strings["results"]],
-                       [x["relevance_score"] for x in out["results"]])  # fmt: skip
+    assert np.allclose(
+        [x["relevance_score"] for x in as_strings["results"]],
+        [x["relevance_score"] for x in out["results"]],
+    )
 
 
 def test_vllm_shapes(calibrated: Any, items: list[RetrievalExample]) -> None:
     item, model = items[2], served(calibrated)
-    parts = [{"type": "image_url", "image_url": {"url": data_url(im, "PNG")}}
-             for im in item.images]  # fmt: skip
+    parts = [{"type": "image_url", "image_url": {"url": data_url(im, "PNG")}} for im in item.images]
     shapes = {
         "content": {"content": parts},  # ScoreMultiModalParam: one document per part
         "documents": [{"content": [part]} for part in parts],
@@ -97,8 +110,14 @@ def test_vllm_shapes(calibrated: Any, items: list[RetrievalExample]) -> None:
     }
     answers = {}
     for name, docs in shapes.items():
-        body = {"model": model, "query": item.query, "documents": docs, "top_n": 3,
-                "return_documents": True, "seed": 8}  # fmt: skip
+        body = {
+            "model": model,
+            "query": item.query,
+            "documents": docs,
+            "top_n": 3,
+            "return_documents": True,
+            "seed": 8,
+        }
         r = calibrated.post("/v1/rerank", json=body)
         assert r.status_code == 200, (name, r.text)
         out = r.json()
@@ -114,8 +133,12 @@ def test_vllm_shapes(calibrated: Any, items: list[RetrievalExample]) -> None:
 
 
 def test_wrong_model_is_404(client: Any, items: list[RetrievalExample]) -> None:
-    body = {"model": "someone/else", "query": items[0].query, "method": "vanilla",
-            "documents": [b64(im) for im in items[0].images]}  # fmt: skip
+    body = {
+        "model": "someone/else",
+        "query": items[0].query,
+        "method": "vanilla",
+        "documents": [b64(im) for im in items[0].images],
+    }
     r = client.post("/v1/rerank", json=body)
     assert r.status_code == 404, r.text
     error = r.json()["error"]
@@ -125,18 +148,26 @@ def test_wrong_model_is_404(client: Any, items: list[RetrievalExample]) -> None:
     files = [("documents", f[1]) for f in multipart_files(items[0].images)]
     r = client.post("/v1/rerank", data=fields, files=files)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    r = client.post("/v1/rerank", data={**fields, "model": served(client),
-                                        "return_documents": "true"}, files=files)  # fmt: skip
+    r = client.post(
+        "/v1/rerank",
+        data={**fields, "model": served(client), "return_documents": "true"},
+        files=files,
+    )
     assert r.status_code == 200, r.text
     assert r.json()["model"] == served(client) and r.json()["usage"]["images"] == 3
     for x in r.json()["results"]:  # a file part is echoed as its bytes in base64
         assert base64.b64decode(x["document"]) == files[x["index"]][1][1]
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data",
-                                 "https://example.com/cat.png", "file:///etc/passwd"])
-def test_remote_urls_are_not_fetched(client: Any, items: list[RetrievalExample], url: str
-                                     ) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "https://example.com/cat.png",
+        "file:///etc/passwd",
+    ],
+)
+def test_remote_urls_are_not_fetched(client: Any, items: list[RetrievalExample], url: str) -> None:
     docs = [b64(im) for im in items[0].images]
     for shaped in (url, {"image": url}, {"type": "image_url", "image_url": {"url": url}}):
         body = {"query": items[0].query, "method": "vanilla", "documents": [*docs, shaped]}
@@ -144,15 +175,22 @@ def test_remote_urls_are_not_fetched(client: Any, items: list[RetrievalExample],
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["code"] == "invalid_image" and "does not fetch URLs" in error["message"]
-    r = client.post("/v1/retrieve", json={"query": items[0].query, "method": "vanilla",
-                                          "images": [*docs[:2], url]})  # fmt: skip
+    r = client.post(
+        "/v1/retrieve",
+        json={"query": items[0].query, "method": "vanilla", "images": [*docs[:2], url]},
+    )
     assert r.status_code == 400 and "does not fetch URLs" in r.json()["error"]["message"]
 
 
 def test_relevance_score_follows_the_ranking_across_windows(client: Any) -> None:
     many = make_items(1, n_candidates=10, setting="random", seed="eval", image_size=56)[0]
-    body = {"query": many.query, "documents": [b64(im) for im in many.images],
-            "method": "vanilla", "window": 4, "seed": 3}  # fmt: skip
+    body = {
+        "query": many.query,
+        "documents": [b64(im) for im in many.images],
+        "method": "vanilla",
+        "window": 4,
+        "seed": 3,
+    }
     out = client.post("/v1/rerank", json=body).json()
     assert out["meta"]["rounds"] == 2 and len(out["results"]) == 10
     scores = [x["relevance_score"] for x in out["results"]]
@@ -169,8 +207,9 @@ def test_clients_send_model_and_return_documents(
     query, images = items[0].query, items[0].images
     with LadClient(server.url) as lad:
         model = lad.models().data[0].id
-        out = lad.rerank(query, images, method="vanilla", model=model, return_documents=True,
-                         top_n=2)  # fmt: skip
+        out = lad.rerank(
+            query, images, method="vanilla", model=model, return_documents=True, top_n=2
+        )
         assert out.model == model and len(out.results) == 2 and out.usage.images == 3
         assert all(isinstance(x.document, str) and x.document for x in out.results)
         assert lad.rerank(query, images, method="vanilla").results[0].document is None
@@ -181,8 +220,14 @@ def test_clients_send_model_and_return_documents(
     async def go() -> Any:
         async with AsyncLadClient(server.url) as alad:
             listed = await alad.models()
-            ranked = await alad.rerank(query, images, method="vanilla", seed=1,
-                                       model=listed.data[0].id, return_documents=True)
+            ranked = await alad.rerank(
+                query,
+                images,
+                method="vanilla",
+                seed=1,
+                model=listed.data[0].id,
+                return_documents=True,
+            )
             return listed, ranked
 
     listed, ranked = asyncio.run(go())

@@ -106,23 +106,30 @@ def test_perm_avg_is_invariant_to_the_order_of_images(client, items):
     reordered = retrieve_body(item, method="perm_avg")
     reordered["images"] = reordered["images"][1:] + reordered["images"][:1]
     rotated = client.post("/v1/retrieve", json=reordered).json()  # image i now at i - 1
-    np.testing.assert_allclose(np.roll(rotated["probabilities"], 1), body["probabilities"],
-                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        np.roll(rotated["probabilities"], 1), body["probabilities"], atol=1e-6
+    )
 
 
 def test_multipart_equals_json(client, items, calibrate_json):
     client.post("/v1/calibrate", json=calibrate_json)
     item = items[5]
     as_json = client.post("/v1/retrieve", json=retrieve_body(item)).json()
-    r = client.post("/v1/retrieve", data={"query": item.query},
-                    files=multipart_files(item.images))
+    r = client.post("/v1/retrieve", data={"query": item.query}, files=multipart_files(item.images))
     assert r.status_code == 200, r.text
     as_form = r.json()
     assert as_form["index"] == as_json["index"]
     np.testing.assert_allclose(as_form["probabilities"], as_json["probabilities"], atol=1e-6)
-    r = client.post("/v1/retrieve", data={"query": item.query, "method": "vanilla",
-                                          "labels": "upper", "return_details": "true"},
-                    files=multipart_files(item.images))
+    r = client.post(
+        "/v1/retrieve",
+        data={
+            "query": item.query,
+            "method": "vanilla",
+            "labels": "upper",
+            "return_details": "true",
+        },
+        files=multipart_files(item.images),
+    )
     assert r.status_code == 200, r.text
     assert r.json()["details"]["labels"] == ["A", "B", "C"] and r.json()["method"] == "vanilla"
 
@@ -131,8 +138,9 @@ def test_data_urls_and_bare_base64_are_equivalent(client, items):
     item = items[6]
     bare = client.post("/v1/retrieve", json=retrieve_body(item, method="vanilla")).json()
     png_urls = [data_url(img, "PNG") for img in item.images]
-    r = client.post("/v1/retrieve", json={"query": item.query, "images": png_urls,
-                                          "method": "vanilla"})
+    r = client.post(
+        "/v1/retrieve", json={"query": item.query, "images": png_urls, "method": "vanilla"}
+    )
     assert r.status_code == 200
     assert r.json()["probabilities"] == pytest.approx(bare["probabilities"], abs=1e-9)
     jpeg = [data_url(img, "JPEG") for img in item.images]
@@ -155,8 +163,10 @@ def test_profile_calibrated_under_another_engine_is_409(make_client, runner, ite
     stale = Profile.create(
         name="default",
         fingerprint={**fp.model_dump(), "dtype": "bfloat16", "prompt_hash": "0" * 64},
-        layers=list(runner.layers), bias_matrix=np.zeros((3, 3)),
-        attention_prior=np.full((len(runner.layers), 3), 0.1), num_examples=5,
+        layers=list(runner.layers),
+        bias_matrix=np.zeros((3, 3)),
+        attention_prior=np.full((len(runner.layers), 3), 0.1),
+        num_examples=5,
         num_forward_passes=15,
     )
     store.put(stale)
@@ -191,8 +201,9 @@ def test_images_of_any_format_and_mode_are_accepted(client, items):
     import base64
 
     images = [base64.b64encode(png_bytes(im)).decode() for im in (grey, rgba, odd)]
-    r = client.post("/v1/retrieve", json={"query": "a red thing", "images": images,
-                                          "method": "vanilla"})
+    r = client.post(
+        "/v1/retrieve", json={"query": "a red thing", "images": images, "method": "vanilla"}
+    )
     assert r.status_code == 200, r.text
 
 
@@ -200,22 +211,28 @@ def test_concurrent_requests_share_batches(make_client, items):
     import concurrent.futures
 
     client: TestClient = make_client(max_batch_size=4, max_wait_ms=50)
-    bodies = [retrieve_body(items[i % len(items)], method="vanilla", return_details=True)
-              for i in range(8)]
+    bodies = [
+        retrieve_body(items[i % len(items)], method="vanilla", return_details=True)
+        for i in range(8)
+    ]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda b: client.post("/v1/retrieve", json=b), bodies))
     assert all(a.status_code == 200 for a in answers)
     assert max(a.json()["details"]["batch_size"] for a in answers) > 1
     # batching does not change answers
     alone = client.post("/v1/retrieve", json=bodies[0]).json()
-    np.testing.assert_allclose(answers[0].json()["probabilities"], alone["probabilities"],
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        answers[0].json()["probabilities"], alone["probabilities"], atol=1e-4
+    )
 
 
-@pytest.mark.parametrize(("variant", "mixture", "top_k", "tau"),
-                         [("logmean", "log", 1, 2.0), ("reference", "log", 2, 5.0)])
-def test_method_settings_reach_the_math(make_client, items, calibrate_json, variant, mixture,
-                                        top_k, tau):
+@pytest.mark.parametrize(
+    ("variant", "mixture", "top_k", "tau"),
+    [("logmean", "log", 1, 2.0), ("reference", "log", 2, 5.0)],
+)
+def test_method_settings_reach_the_math(
+    make_client, items, calibrate_json, variant, mixture, top_k, tau
+):
     client = make_client(posterior_variant=variant, mixture=mixture, top_k=top_k, tau=tau)
     cal = client.post("/v1/calibrate", json=calibrate_json).json()
     assert cal["hyperparameters"]["posterior_variant"] == variant
@@ -223,8 +240,9 @@ def test_method_settings_reach_the_math(make_client, items, calibrate_json, vari
     body = client.post("/v1/retrieve", json=retrieve_body(items[1], return_details=True)).json()
     s = np.asarray(body["details"]["scores"])
     a = np.asarray(body["details"]["attention"])
-    posterior = debias.attention_posterior(a, np.asarray(cal["attention_prior"]), top_k=top_k,
-                                           tau=tau, variant=variant)
+    posterior = debias.attention_posterior(
+        a, np.asarray(cal["attention_prior"]), top_k=top_k, tau=tau, variant=variant
+    )
     d = debias.debias_scores(s, np.asarray(cal["bias_matrix"]), posterior, mixture=mixture)
     np.testing.assert_allclose(body["posterior"], posterior, atol=1e-9)
     np.testing.assert_allclose(body["details"]["debiased_scores"], d, atol=1e-9)

@@ -172,6 +172,7 @@ def test_the_held_out_draw_is_the_servers_and_travels_with_the_evidence(
         drawn.append(ev.held_out)
     assert online.snapshot(KEY, 2).holdout_count == sum(drawn)
     # one id, many draws: the share is the server's 1 in 5, whatever the id
-    share = np.mean([Evidence.of(KEY, 1, np.zeros(3), np.ones((2, 3))).held_out
-                     for _ in range(4000)])  # fmt: skip
+    share = np.mean(
+        [Evidence.of(KEY, 1, np.zeros(3), np.ones((2, 3))).held_out for _ in range(4000)]
+    )
     assert 0.17 < share < 0.23  # binomial(4000, 0.2): sd 0.0063, so this is > 4.7 sd

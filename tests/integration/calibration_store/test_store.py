@@ -34,14 +34,26 @@ from calibration_store.redis_store import RedisProfileStore
 from tests.conftest import REDIS_URL
 
 
-def make_profile(name: str = "default", *, n: int = 4, model_id: str = "org/model:v1",
-                 labels: str = "digits", seed: int = 0) -> Profile:
+def make_profile(
+    name: str = "default",
+    *,
+    n: int = 4,
+    model_id: str = "org/model:v1",
+    labels: str = "digits",
+    seed: int = 0,
+) -> Profile:
     rng = np.random.default_rng(seed)
     return Profile.create(
         name=name,
-        fingerprint={"model_id": model_id, "model_revision": "abc123", "dtype": "float32",
-                     "attention_backend": "sdpa", "prompt_hash": "p" * 16,
-                     "label_scheme": labels, "n": n},
+        fingerprint={
+            "model_id": model_id,
+            "model_revision": "abc123",
+            "dtype": "float32",
+            "attention_backend": "sdpa",
+            "prompt_hash": "p" * 16,
+            "label_scheme": labels,
+            "n": n,
+        },
         layers=[3, 4],
         bias_matrix=rng.normal(size=(n, n)),
         attention_prior=rng.random(size=(2, n)),
@@ -83,8 +95,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     prefix = f"lad-test-{uuid.uuid4().hex[:10]}"
 
     def factory(**kwargs: Any) -> ProfileStore:
-        url = {"memory": "memory://", "file": str(tmp_path / "profiles"),
-               "redis": REDIS_URL}[request.param]
+        url = {"memory": "memory://", "file": str(tmp_path / "profiles"), "redis": REDIS_URL}[
+            request.param
+        ]
         if request.param == "redis":
             kwargs.setdefault("key_prefix", prefix)
         store = open_store(url, **kwargs)
@@ -152,16 +165,23 @@ def test_stored_copy_is_exact_and_stamped(make_store: Callable[..., ProfileStore
 
 def test_keys_per_model_name_labels_and_n(make_store: Callable[..., ProfileStore]) -> None:
     store = make_store()
-    profiles = [make_profile(), make_profile(n=5), make_profile(labels="upper"),
-                make_profile("strict"), make_profile(model_id="other/model")]
+    profiles = [
+        make_profile(),
+        make_profile(n=5),
+        make_profile(labels="upper"),
+        make_profile("strict"),
+        make_profile(model_id="other/model"),
+    ]
     for p in profiles:
         store.put(p)
     assert set(store.list_keys()) == {p.key for p in profiles}
     assert {k.model_id for k in store.list_keys("other/model")} == {"other/model"}
     assert len(store.list_keys("org/model:v1")) == 4
     assert store.get(make_profile(n=5).key).n == 5
-    assert store.get(ProfileKey(model_id="org/model:v1", name="default", label_scheme="digits",
-                                n=6)) is None
+    assert (
+        store.get(ProfileKey(model_id="org/model:v1", name="default", label_scheme="digits", n=6))
+        is None
+    )
 
 
 def test_trimming_keeps_last_k(make_store: Callable[..., ProfileStore]) -> None:
@@ -224,8 +244,11 @@ def test_unreachable_redis_opens_degraded_and_fails_fast() -> None:
     try:
         assert store.health()["ok"] is False and store.list_keys() == []
         assert store.get(make_profile().key) is None
-        for call in (lambda: store.put(make_profile()), lambda: store.delete(make_profile().key),
-                     lambda: store.versions(make_profile().key)):
+        for call in (
+            lambda: store.put(make_profile()),
+            lambda: store.delete(make_profile().key),
+            lambda: store.versions(make_profile().key),
+        ):
             with pytest.raises(StoreUnavailable):
                 call()
     finally:
@@ -251,8 +274,9 @@ def test_file_store_survives_reopen(tmp_path: Path) -> None:
     assert again.health()["errors"] == []
 
 
-def test_file_store_failed_replace_leaves_old_document(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_file_store_failed_replace_leaves_old_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = FileProfileStore(tmp_path)
     first = store.put(make_profile())
     (doc,) = tmp_path.glob("*.json")
@@ -346,7 +370,8 @@ def test_replica_catches_up_on_resubscribe_after_missed_messages(
 
 @pytest.mark.redis
 def test_replica_catches_up_by_polling_without_messages(
-    open_redis: Callable[..., RedisProfileStore], redis_prefix: str,
+    open_redis: Callable[..., RedisProfileStore],
+    redis_prefix: str,
 ) -> None:
     a = open_redis()
     b = open_redis(poll_interval=0.3, listen=False)
@@ -401,7 +426,8 @@ def test_redis_concurrent_puts_from_two_replicas(
 
 @pytest.mark.redis
 def test_redis_trims_documents_and_guards_schema(
-    open_redis: Callable[..., RedisProfileStore], redis_prefix: str,
+    open_redis: Callable[..., RedisProfileStore],
+    redis_prefix: str,
 ) -> None:
     store = open_redis(keep_versions=2)
     for s in range(4):
@@ -418,7 +444,8 @@ def test_redis_trims_documents_and_guards_schema(
 
 @pytest.mark.redis
 def test_a_replica_recovers_a_profile_that_vanished_for_a_moment(
-    open_redis: Callable[..., RedisProfileStore], redis_prefix: str,
+    open_redis: Callable[..., RedisProfileStore],
+    redis_prefix: str,
 ) -> None:
     """An eviction (shared Redis, allkeys-lru) or a restore takes a key away and brings it
     back unchanged, after other keys moved the change sequence past the key's own rev."""

@@ -14,11 +14,21 @@ from app.engine.prompts import prompt_text
 
 MODEL_DIR = Path(train.__file__).resolve().parent / "model"
 TINY = {
-    "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "num_key_value_heads": 1},
-    "vision": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-               "fullatt_block_indexes": [0]},
-}  # fmt: skip
+    "text": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
+    "vision": {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "fullatt_block_indexes": [0],
+    },
+}
 
 
 def _chat_prompt(processor, n: int, query: str) -> str:
@@ -48,8 +58,9 @@ def test_training_ids_match_the_processor_chat_template() -> None:
     processor = build_processor(world.VOCABULARY)
     encoder = train_data.Encoder(processor, tokens_per_image=4)
     item = world.make_item(0, n_candidates=3, seed="test")
-    enc = processor(text=[_chat_prompt(processor, 3, item.query)], images=item.images,
-                    return_tensors="pt")  # fmt: skip
+    enc = processor(
+        text=[_chat_prompt(processor, 3, item.query)], images=item.images, return_tensors="pt"
+    )
     expected = enc["input_ids"][0].tolist()
     assert encoder.prompt(3, prompt_text(item.query, ["1", "2", "3"])) == expected
     assert "<unk>" not in processor.tokenizer.convert_ids_to_tokens(expected)
@@ -58,8 +69,16 @@ def test_training_ids_match_the_processor_chat_template() -> None:
 
 def test_a_few_training_steps_run_and_the_loss_moves(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    result = train.train(tmp_path / "m", caption_steps=3, retrieval_steps=3, batch_size=4,
-                         jitters=1, log_every=1, config_overrides=TINY, save=True)  # fmt: skip
+    result = train.train(
+        tmp_path / "m",
+        caption_steps=3,
+        retrieval_steps=3,
+        batch_size=4,
+        jitters=1,
+        log_every=1,
+        config_overrides=TINY,
+        save=True,
+    )
     log = result["log"]
     assert len(log) == 6
     # running losses per task: "caption.loss", and "n{N}.loss" / "n{N}.attn" for retrieval
@@ -128,8 +147,10 @@ def test_vocabulary_appends_labeled_and_keeps_the_shipped_ids() -> None:
     tok = build_processor(world.VOCABULARY).tokenizer
     vocab = tok.get_vocab()
     assert vocab["labeled"] >= len(vocab) - 2 and vocab["Labeled"] >= len(vocab) - 2
-    ids = tok.encode(prompt_text("a small red circle at the top on a plain background",
-                                 ["A", "B", "C"]), add_special_tokens=False)  # fmt: skip
+    ids = tok.encode(
+        prompt_text("a small red circle at the top on a plain background", ["A", "B", "C"]),
+        add_special_tokens=False,
+    )
     assert tok.unk_token_id not in ids
     # the shipped model's ids are unchanged, so it can be fine-tuned with the grown vocabulary
     shipped = load_processor(MODEL_DIR).tokenizer.get_vocab()
@@ -139,8 +160,15 @@ def test_vocabulary_appends_labeled_and_keeps_the_shipped_ids() -> None:
 
 def test_fine_tune_grows_the_vocabulary_and_trains_every_scheme(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    first = train.train(tmp_path / "a", caption_steps=1, retrieval_steps=1, batch_size=2,
-                        jitters=1, config_overrides=TINY, save=True)  # fmt: skip
+    first = train.train(
+        tmp_path / "a",
+        caption_steps=1,
+        retrieval_steps=1,
+        batch_size=2,
+        jitters=1,
+        config_overrides=TINY,
+        save=True,
+    )
     model = first["model"]
     vocab = len(first["processor"].tokenizer)
     # pretend the saved model predates the last words: cut its embeddings
@@ -148,12 +176,26 @@ def test_fine_tune_grows_the_vocabulary_and_trains_every_scheme(tmp_path: Path) 
     model.save_pretrained(tmp_path / "old")
     grown = train.load_for_finetune(tmp_path / "old", vocab)
     assert grown.get_input_embeddings().weight.shape[0] == vocab
-    recipe = train.Recipe(schemes=("upper", "roman", "words"), corruption_shape="neighbours",
-                          prior_mix=0.3, target_shape="product", aux_layers=(1,))  # fmt: skip
-    result = train.train(tmp_path / "b", caption_steps=0, retrieval_steps=4, batch_size=2,
-                         jitters=1, log_every=1, init_from=tmp_path / "old", recipe=recipe,
-                         save=True)  # fmt: skip
-    assert all(np.isfinite(v) for e in result["log"] for k, v in e.items()
-               if k.endswith(("loss", "attn")))  # fmt: skip
+    recipe = train.Recipe(
+        schemes=("upper", "roman", "words"),
+        corruption_shape="neighbours",
+        prior_mix=0.3,
+        target_shape="product",
+        aux_layers=(1,),
+    )
+    result = train.train(
+        tmp_path / "b",
+        caption_steps=0,
+        retrieval_steps=4,
+        batch_size=2,
+        jitters=1,
+        log_every=1,
+        init_from=tmp_path / "old",
+        recipe=recipe,
+        save=True,
+    )
+    assert all(
+        np.isfinite(v) for e in result["log"] for k, v in e.items() if k.endswith(("loss", "attn"))
+    )
     record = (tmp_path / "b" / "training_log.json").read_text()
     assert '"target_shape": "product"' in record and '"init_from"' in record

@@ -16,7 +16,7 @@ from app.engine.attention import (
 )
 from app.engine.labels import resolve_labels
 from app.engine.runner import RetrievalItem, chain_path, fold_batch
-from app.testing.tiny_models import FAMILIES, attention_layers, random_images, tiny_runner
+from app.testing.tiny_models import FAMILIES, attention_layers, random_images
 
 torch.set_num_threads(1)
 
@@ -32,8 +32,8 @@ def _items() -> list[RetrievalItem]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_capture_matches_eager(family: str) -> None:
-    runner = tiny_runner(family, layers=attention_layers(family))
+def test_capture_matches_eager(family: str, shared_runner) -> None:
+    runner = shared_runner(family, layers=attention_layers(family))
     model, adapter = runner.model, runner.adapter
     assert adapter.text_attn_implementation() == CAPTURE_IMPLEMENTATION
     assert adapter.vision_attn_implementation() == "sdpa"
@@ -54,8 +54,8 @@ def test_capture_matches_eager(family: str) -> None:
         assert np.all(got > 0) and np.all(got.sum(axis=1) < 1.0 + 1e-6)
 
 
-def test_capture_only_inside_context_and_only_layers_in_lambda() -> None:
-    runner = tiny_runner("qwen2_5_vl", layers=(1, 3))
+def test_capture_only_inside_context_and_only_layers_in_lambda(shared_runner) -> None:
+    runner = shared_runner("qwen2_5_vl", layers=(1, 3))
     batch = runner.process(_items()[:1])
     kwargs = runner.adapter.prompt_kwargs(batch)
     with torch.inference_mode():
@@ -124,9 +124,9 @@ def test_row_at_a_query_index_per_row(mask_kind: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_folded_capture_matches_eager_at_t_q(family: str) -> None:
+def test_folded_capture_matches_eager_at_t_q(family: str, shared_runner) -> None:
     """N=12 digits fold "1" after the prompt; the captured row is t_q's, not the last."""
-    runner = tiny_runner(family, layers=attention_layers(family)[1:])
+    runner = shared_runner(family, layers=attention_layers(family)[1:])
     model, adapter = runner.model, runner.adapter
     images = random_images(12, seed=4, sizes=[(48, 48), (64, 40)])
     items = [RetrievalItem("a boat", images[:12]), RetrievalItem("two cats", images[:3])]

@@ -18,17 +18,17 @@ from app.engine.attention import (
     span_mass,
 )
 from app.engine.runner import RetrievalItem, Runner
-from app.testing.tiny_models import random_images, tiny_runner
+from app.testing.tiny_models import random_images
 
 torch.set_num_threads(1)
 LAYERS = 12
 
 
 @pytest.fixture(scope="module")
-def runners() -> tuple[Runner, Runner]:
+def runners(shared_runner) -> tuple[Runner, Runner]:
     """The same tiny Qwen2.5-VL weights under the SDPA capture and under the eager hook."""
-    sdpa = tiny_runner("qwen2_5_vl", num_hidden_layers=LAYERS)
-    hook = tiny_runner("qwen2_5_vl", num_hidden_layers=LAYERS, capture=EAGER_HOOK_CAPTURE)
+    sdpa = shared_runner("qwen2_5_vl", num_hidden_layers=LAYERS)
+    hook = shared_runner("qwen2_5_vl", num_hidden_layers=LAYERS, capture=EAGER_HOOK_CAPTURE)
     return sdpa, hook
 
 
@@ -89,8 +89,11 @@ def test_only_one_layer_matrix_is_alive_at_a_time(runners) -> None:
     handles = []
     for module in hook.adapter.attention_modules():
         handles.append(module.register_forward_hook(watch, prepend=True))
-        handles.append(module.register_forward_pre_hook(
-            lambda *_: counts.append(sum(ref() is not None for ref in watched))))  # fmt: skip
+        handles.append(
+            module.register_forward_pre_hook(
+                lambda *_: counts.append(sum(ref() is not None for ref in watched))
+            )
+        )
     try:
         with torch.inference_mode():
             with capture(hook.layers) as session:
@@ -100,8 +103,9 @@ def test_only_one_layer_matrix_is_alive_at_a_time(runners) -> None:
             assert session.matrix_bytes == 4 * int(np.prod(shape))  # one layer's float32 matrix
             counts.clear()
             watched.clear()
-            hook.model(**hook.adapter.prompt_kwargs(batch), logits_to_keep=1,
-                       output_attentions=True)  # fmt: skip
+            hook.model(
+                **hook.adapter.prompt_kwargs(batch), logits_to_keep=1, output_attentions=True
+            )
             assert counts == list(range(LAYERS))  # the measurement sees retained matrices
     finally:
         for handle in handles:
@@ -113,13 +117,18 @@ class OldStyleAttention(torch.nn.Module):
 
     def __init__(self, seed: int) -> None:
         super().__init__()
-        self.weights = torch.softmax(torch.randn(2, 3, 4, 4, generator=torch.Generator()
-                                                 .manual_seed(seed)), dim=-1)  # fmt: skip
+        self.weights = torch.softmax(
+            torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(seed)), dim=-1
+        )
         self.asked: list[bool] = []
         self.masks: list[torch.Tensor | None] = []
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False) -> tuple:  # fmt: skip
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple:
         self.asked.append(output_attentions)
         self.masks.append(attention_mask)
         return hidden_states, self.weights if output_attentions else None, "cache"

@@ -4,18 +4,15 @@ adapter and images-first prompt, seeded sampling, one result per item, costs cou
 from __future__ import annotations
 
 import pytest
-import torch
 
 from app.demo import world
 from app.engine.generate import generate_answers
 from app.engine.interface import RetrievalItem
-from app.testing.tiny_models import tiny_runner
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return tiny_runner("qwen2_5_vl")
+def runner(shared_runner):
+    return shared_runner("qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +52,13 @@ def test_a_checkpoints_generation_config_is_not_inherited(runner, items) -> None
     from transformers import GenerationConfig
 
     saved = runner.model.generation_config
-    runner.model.generation_config = GenerationConfig(top_k=1, top_p=0.001, do_sample=True,
-                                                      temperature=0.01)  # fmt: skip
+    runner.model.generation_config = GenerationConfig(
+        top_k=1, top_p=0.001, do_sample=True, temperature=0.01
+    )
     try:
-        (g,) = generate_answers(runner, items[:1], samples=8, temperature=0.7, top_k=40,
-                                max_new_tokens=4, seed=1)  # fmt: skip
+        (g,) = generate_answers(
+            runner, items[:1], samples=8, temperature=0.7, top_k=40, max_new_tokens=4, seed=1
+        )
         assert len(set(g.texts)) > 1  # top_k=1 would give one path eight times
         assert runner.model.generation_config.top_k == 1  # restored after the call
         greedy = generate_answers(runner, items[:1], max_new_tokens=4)

@@ -31,8 +31,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def runner() -> Runner:
-    return tiny_runner("qwen2_5_vl")
+def runner(shared_runner) -> Runner:
+    return shared_runner("qwen2_5_vl")
 
 
 def _items() -> list[RetrievalItem]:
@@ -174,8 +174,8 @@ def test_folded_equals_cached_steps(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_trie_equals_brute_force_for_twelve_digits(family: str) -> None:
-    runner = tiny_runner(family, seed=1)
+def test_trie_equals_brute_force_for_twelve_digits(family: str, shared_runner) -> None:
+    runner = shared_runner(family, seed=1)
     items = _items()
     result = runner.forward(items)  # batched, left-padded, N = 4, 3, 12
     for item, scores in zip(items, result.scores, strict=True):
@@ -195,8 +195,10 @@ def test_roman_numerals_use_cached_steps(runner: Runner) -> None:
 def test_image_spans_hold_each_image(runner: Runner) -> None:
     batch = runner.process(_items())
     tok = runner.adapter.tokenizer
-    start, end, pad = (tok.convert_tokens_to_ids(t) for t in
-                       ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))  # fmt: skip
+    start, end, pad = (
+        tok.convert_tokens_to_ids(t)
+        for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+    )
     merge = runner.processor.image_processor.merge_size
     grids = iter(batch.inputs["image_grid_thw"].tolist())
     for row, n in enumerate(batch.n_images):
@@ -209,7 +211,7 @@ def test_image_spans_hold_each_image(runner: Runner) -> None:
             assert ids[1:-1] == [pad] * (t * h * w // merge**2)
 
 
-def test_fingerprint_fields(runner: Runner) -> None:
+def test_fingerprint_fields(runner: Runner, shared_runner) -> None:
     fp = runner.fingerprint("digits", 4)
     assert fp.model_dump() == {
         "model_id": "tiny-qwen2_5_vl",
@@ -223,7 +225,7 @@ def test_fingerprint_fields(runner: Runner) -> None:
     }
     assert runner.fingerprint("upper", 4).label_scheme == "upper"
     assert runner.fingerprint("digits", 5).n == 5
-    other = tiny_runner("qwen2_5_vl", prompt_variant="instruction")
+    other = shared_runner("qwen2_5_vl", prompt_variant="instruction")
     assert other.fingerprint("digits", 4).prompt_hash != fp.prompt_hash
     with pytest.raises(ValidationError):  # frozen
         fp.n = 3  # type: ignore[misc]
@@ -232,7 +234,10 @@ def test_fingerprint_fields(runner: Runner) -> None:
 
 
 def test_loader_round_trip(tmp_path: Path) -> None:
-    model, processor = build_tiny("qwen2_5_vl", seed=2)
+    # the byte-level vocabulary: this is about weights, Λ, dtype and the capture surviving
+    # save -> load_runner; reading the real 151k-token tokenizer.json back costs ~20 s on a
+    # busy CPU, and tests/integration/models/test_loading.py loads that one already
+    model, processor = build_tiny("qwen2_5_vl", seed=2, vocab="bytes")
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     in_memory = make_runner(model, processor, layers=(1, 3))

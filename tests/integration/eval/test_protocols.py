@@ -7,19 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from app.eval import cli
 from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
-from app.models.loader import load_runner
 from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return load_runner("demo", threads=1)
+def runner(shared_runner):
+    return shared_runner("demo")
 
 
 class SizeSpy:
@@ -41,9 +38,25 @@ def test_dry_run_writes_the_paper_protocol_without_a_model(tmp_path, monkeypatch
 
     monkeypatch.setattr(loader, "load_runner", lambda *a, **k: pytest.fail("model loaded"))
     out = tmp_path / "dry"
-    argv = ["--protocol", "paper", "--dry-run", "-n", "4", "--items", "3", "--calibration",
-            "2", "--methods", "vanilla", "agd", "perm_avg", "cot", "self_consistency",
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "--protocol",
+        "paper",
+        "--dry-run",
+        "-n",
+        "4",
+        "--items",
+        "3",
+        "--calibration",
+        "2",
+        "--methods",
+        "vanilla",
+        "agd",
+        "perm_avg",
+        "cot",
+        "self_consistency",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["protocol.json"]
     doc = json.loads((out / "protocol.json").read_text())
@@ -66,11 +79,23 @@ def test_dry_run_writes_the_paper_protocol_without_a_model(tmp_path, monkeypatch
 def test_paper_protocol_on_a_coco_format_set(runner, tmp_path) -> None:
     captions, images, instances = write_coco(tmp_path / "coco", count=30)
     out = tmp_path / "out"
-    config = EvalConfig(out=out, protocol="paper", dataset="coco", data=captions, images=images,
-                        instances=instances, clip=tiny_clip(tmp_path / "clip"),
-                        cache_dir=tmp_path / "cache", settings=["adversarial"], ns=[3],
-                        items=4, calibration=2, progress=False, bootstrap=100,
-                        methods=["vanilla", "agd", "perm_avg"])  # fmt: skip
+    config = EvalConfig(
+        out=out,
+        protocol="paper",
+        dataset="coco",
+        data=captions,
+        images=images,
+        instances=instances,
+        clip=tiny_clip(tmp_path / "clip"),
+        cache_dir=tmp_path / "cache",
+        settings=["adversarial"],
+        ns=[3],
+        items=4,
+        calibration=2,
+        progress=False,
+        bootstrap=100,
+        methods=["vanilla", "agd", "perm_avg"],
+    )
     spy = SizeSpy(runner)
     run_evaluation(spy, config)
     assert spy.sizes == {(336, 336)}  # the 56 px world images, resized bicubic
@@ -89,8 +114,15 @@ def test_paper_protocol_on_a_coco_format_set(runner, tmp_path) -> None:
 
 
 def test_ours_is_the_default_and_balanced(runner, tmp_path) -> None:
-    config = EvalConfig(out=tmp_path, ns=[3], items=3, calibration=2, progress=False,
-                        bootstrap=100, methods=["vanilla", "perm_avg"])  # fmt: skip
+    config = EvalConfig(
+        out=tmp_path,
+        ns=[3],
+        items=3,
+        calibration=2,
+        progress=False,
+        bootstrap=100,
+        methods=["vanilla", "perm_avg"],
+    )
     run_evaluation(runner, config)
     doc = json.loads((tmp_path / "protocol.json").read_text())
     assert doc["protocol"] == "ours" and doc["image_preprocessing"]["resize"] is None

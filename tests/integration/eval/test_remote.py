@@ -14,7 +14,6 @@ from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.records import read_records
 from app.eval.remote import RemoteBackend
 from app.main import create_app
-from app.models.loader import load_runner
 from app.settings import Settings
 from calibration_store import open_store
 from lad_client import LadClient
@@ -23,14 +22,23 @@ METHODS = ["vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg"]
 
 
 def _config(out) -> EvalConfig:
-    return EvalConfig(out=out, ns=[3], items=4, orderings=3, calibration=2, progress=False,
-                      bootstrap=200, methods=METHODS, settings=["adversarial"])  # fmt: skip
+    return EvalConfig(
+        out=out,
+        ns=[3],
+        items=4,
+        orderings=3,
+        calibration=2,
+        progress=False,
+        bootstrap=200,
+        methods=METHODS,
+        settings=["adversarial"],
+    )
 
 
 @pytest.mark.slow
-def test_url_equals_in_process_on_the_same_seeds(tmp_path) -> None:
+def test_url_equals_in_process_on_the_same_seeds(tmp_path, shared_runner) -> None:
     torch.set_num_threads(1)
-    run_evaluation(load_runner("demo", threads=1), _config(tmp_path / "local"))
+    run_evaluation(shared_runner("demo"), _config(tmp_path / "local"))
     settings = Settings(_env_file=None, store_url="memory://")
     app = create_app(settings, store=open_store("memory://"))
     with TestClient(app) as http:
@@ -47,8 +55,9 @@ def test_url_equals_in_process_on_the_same_seeds(tmp_path) -> None:
     cal = json.loads((tmp_path / "remote" / "calibration.json").read_text())["runs"]
     service = cal["adversarial_n3"]["service"]  # the service's own /v1/calibrate
     mine = json.loads((tmp_path / "local" / "metrics.json").read_text())["runs"][0]
-    np.testing.assert_allclose(service["bias_matrix"], mine["calibration"]["bias_matrix"],
-                               atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        service["bias_matrix"], mine["calibration"]["bias_matrix"], atol=1e-4
+    )
     ours = json.loads((tmp_path / "local" / "metrics.json").read_text())["runs"][0]["methods"]
     theirs = json.loads((tmp_path / "remote" / "metrics.json").read_text())["runs"][0]["methods"]
     for m in METHODS:

@@ -22,13 +22,39 @@ def test_reproduce_script_on_the_demo_model(tmp_path) -> None:
     captions, images, instances = write_coco(tmp_path / "coco", count=30)
     clip = tiny_clip(tmp_path / "clip")
     out = tmp_path / "paper"
-    command = [str(ROOT / "scripts" / "reproduce_paper.sh"),
-               "--model", "Qwen2.5-VL-3B=demo", "--data", str(captions), "--images", str(images),
-               "--instances", str(instances), "--clip", str(clip), "--items", "2",
-               "--out", str(out), "--", "--calibration", "1", "--orderings", "2",
-               "--cot-max-new-tokens", "3", "--sc-max-new-tokens", "3", "--samples", "2",
-               "--bootstrap", "100", "--quiet",
-               "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    command = [
+        str(ROOT / "scripts" / "reproduce_paper.sh"),
+        "--model",
+        "Qwen2.5-VL-3B=demo",
+        "--data",
+        str(captions),
+        "--images",
+        str(images),
+        "--instances",
+        str(instances),
+        "--clip",
+        str(clip),
+        "--items",
+        "2",
+        "--out",
+        str(out),
+        "--",
+        "--calibration",
+        "1",
+        "--orderings",
+        "2",
+        "--cot-max-new-tokens",
+        "3",
+        "--sc-max-new-tokens",
+        "3",
+        "--samples",
+        "2",
+        "--bootstrap",
+        "100",
+        "--quiet",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     env = {**os.environ, "LAD_PYTHON": sys.executable}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

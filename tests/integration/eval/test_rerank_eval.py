@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from app.engine.methods import MethodConfig, apply_method
 from app.engine.tournament import window_sizes
@@ -16,13 +15,11 @@ from app.eval import cli
 from app.eval import rerank as R
 from app.eval.datasets import open_dataset
 from app.eval.datasets.synthetic import image_size_for
-from app.models.loader import load_runner
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.set_num_threads(1)
-    return load_runner("demo", threads=1)
+def runner(shared_runner):
+    return shared_runner("demo")
 
 
 def _argv(out: Path) -> list[str]:

@@ -18,8 +18,14 @@ STAGES = ["vanilla", "pride", "attn_raw", "attn_pure", "agd"]
 
 
 def _run(tmp_path, **overrides) -> dict:
-    values = {"out": tmp_path, "dataset": "simulated", "items": 150, "progress": False,
-              "bootstrap": 500, "methods": STAGES}  # fmt: skip
+    values = {
+        "out": tmp_path,
+        "dataset": "simulated",
+        "items": 150,
+        "progress": False,
+        "bootstrap": 500,
+        "methods": STAGES,
+    }
     values.update(overrides)
     return run_evaluation(SimulatedBackend(), EvalConfig(**values))["runs"][0]
 

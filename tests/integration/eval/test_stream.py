@@ -21,10 +21,32 @@ pytestmark = pytest.mark.slow
 def test_stream_writes_windows_events_and_the_gap(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "stream"
-    argv = ["--stream", "--model", "demo", "-n", "3", "--items", "90", "--window", "30",
-            "--feedback-rate", "0.6", "--refresh-every", "10", "--min-row-count", "3",
-            "--min-holdout", "2", "--drift-prompt-variant", "instruction", "--bootstrap", "200",
-            "--quiet", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--stream",
+        "--model",
+        "demo",
+        "-n",
+        "3",
+        "--items",
+        "90",
+        "--window",
+        "30",
+        "--feedback-rate",
+        "0.6",
+        "--refresh-every",
+        "10",
+        "--min-row-count",
+        "3",
+        "--min-holdout",
+        "2",
+        "--drift-prompt-variant",
+        "instruction",
+        "--bootstrap",
+        "200",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     result = json.loads((out / "stream.json").read_text())
     assert [w["requests"] for w in result["windows"]] == [[1, 30], [31, 60], [61, 90]]

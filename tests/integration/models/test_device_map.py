@@ -36,12 +36,16 @@ def _runner(capture: str, offload_dir: Path | None = None) -> Runner:
     model, processor = build_tiny("qwen2_5_vl", seed=1, num_hidden_layers=LAYERS)
     if offload_dir is not None:
         device_map = {
-            "model.visual": "disk", "model.language_model.embed_tokens": "cpu",
-            "model.language_model.norm": "cpu", "model.language_model.rotary_emb": "cpu",
+            "model.visual": "disk",
+            "model.language_model.embed_tokens": "cpu",
+            "model.language_model.norm": "cpu",
+            "model.language_model.rotary_emb": "cpu",
             "lm_head": "disk",
-            **{f"model.language_model.layers.{i}": "disk" if i % 2 else "cpu"
-               for i in range(LAYERS)},
-        }  # fmt: skip
+            **{
+                f"model.language_model.layers.{i}": "disk" if i % 2 else "cpu"
+                for i in range(LAYERS)
+            },
+        }
         model = accelerate.dispatch_model(
             model, device_map, main_device="cpu", offload_dir=str(offload_dir)
         )

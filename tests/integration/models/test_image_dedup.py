@@ -8,11 +8,11 @@ import torch
 from app.engine import debias
 from app.engine.runner import RetrievalItem
 from app.models.image_dedup import image_sources, install, unique_image_processing
-from app.testing.tiny_models import random_images, tiny_runner
+from app.testing.tiny_models import random_images
 
 
-def test_rotations_of_shared_images_give_the_same_batch_as_copies() -> None:
-    runner = tiny_runner("qwen2_5_vl")
+def test_rotations_of_shared_images_give_the_same_batch_as_copies(shared_runner) -> None:
+    runner = shared_runner("qwen2_5_vl")
     images = random_images(4, seed=5, sizes=[(56, 56), (84, 56), (56, 112), (70, 70)])
     orders = debias.rotations(len(images))
     shared = [RetrievalItem("a red square", [images[p] for p in o]) for o in orders]
@@ -30,8 +30,8 @@ def test_rotations_of_shared_images_give_the_same_batch_as_copies() -> None:
         assert (s == t).all()  # and so does the attention evidence
 
 
-def test_the_vision_tower_encodes_each_shared_image_once() -> None:
-    runner = tiny_runner("qwen2_vl")
+def test_the_vision_tower_encodes_each_shared_image_once(shared_runner) -> None:
+    runner = shared_runner("qwen2_vl")
     images = random_images(3, seed=2, sizes=[(56, 56), (84, 56), (56, 112)])
     items = [RetrievalItem("a cat", [images[p] for p in o]) for o in debias.rotations(3)]
     tower = runner.model.model.visual
@@ -53,10 +53,10 @@ def test_image_sources_name_first_occurrences() -> None:
     assert image_sources([a, b]) is None
 
 
-def test_skipping_the_processor_resize_changes_no_pixel() -> None:
+def test_skipping_the_processor_resize_changes_no_pixel(shared_runner) -> None:
     """Decoded images already have the processor's size, so the adapter turns its resize
     (and RGB conversion) off; the processor's output is the same as with them on."""
-    runner = tiny_runner("qwen2_5_vl", image_pixels=112)
+    runner = shared_runner("qwen2_5_vl", image_pixels=112)
     adapter = runner.adapter
     images = random_images(3, seed=7, sizes=[(112, 112)] * 3)
     assert adapter.processor_kwargs(images) == {"do_convert_rgb": False, "do_resize": False}
@@ -64,8 +64,9 @@ def test_skipping_the_processor_resize_changes_no_pixel() -> None:
     assert "do_resize" not in adapter.processor_kwargs(images + odd)  # not at its size
     prompt = runner.prompts([RetrievalItem("a dog", images)], "digits")
     call = {"text": list(prompt), "images": images, "return_tensors": "pt"}
-    fast, full = adapter.processor(**call, **adapter.processor_kwargs(images)), adapter.processor(
-        **call
+    fast, full = (
+        adapter.processor(**call, **adapter.processor_kwargs(images)),
+        adapter.processor(**call),
     )
     for key, value in full.items():
         assert torch.equal(value, fast[key]), key
@@ -91,23 +92,23 @@ def test_the_image_processor_sees_each_image_once() -> None:
     assert seen == [3, 2]
 
 
-def test_install_is_idempotent_and_skips_processors_without_the_hook() -> None:
+def test_install_is_idempotent_and_skips_processors_without_the_hook(shared_runner) -> None:
     class Plain:
         pass
 
     assert install(Plain()) is False
-    runner = tiny_runner("qwen2_vl")
+    runner = shared_runner("qwen2_vl")
     hook = runner.processor._process_images
     assert install(runner.processor) is True and runner.processor._process_images is hook
 
 
-def test_decode_gives_the_qwen_processor_its_exact_input_size() -> None:
+def test_decode_gives_the_qwen_processor_its_exact_input_size(shared_runner) -> None:
     import io
 
     from app.decode import Decoder
     from app.settings import Settings
 
-    runner = tiny_runner("qwen2_5_vl", image_pixels=112)  # 112 x 112 = 16 tokens of 28²
+    runner = shared_runner("qwen2_5_vl", image_pixels=112)  # 112 x 112 = 16 tokens of 28²
     decoder = Decoder(
         Settings(_env_file=None, store_url="memory://"),
         pixel_budget=runner.image_pixel_budget(),
@@ -125,12 +126,12 @@ def test_decode_gives_the_qwen_processor_its_exact_input_size() -> None:
     assert runner.image_size_for(140, 84) != (140, 84)
 
 
-def test_generation_with_shared_images_equals_copies() -> None:
+def test_generation_with_shared_images_equals_copies(shared_runner) -> None:
     """The generation baselines (cot, self-consistency) take the same shared-image path: the
     encoder outputs serve the prompt step, and the decoding steps run without them."""
     from app.engine.generate import generate_answers
 
-    runner = tiny_runner("qwen2_5_vl")
+    runner = shared_runner("qwen2_5_vl")
     images = random_images(3, seed=1, sizes=[(56, 56)] * 3)
     orders = debias.rotations(3)
     shared = [RetrievalItem("a cat", [images[p] for p in o]) for o in orders]

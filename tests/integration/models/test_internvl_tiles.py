@@ -25,9 +25,11 @@ def _processor(tile: int, seq_length: int) -> InternVLProcessorNoVideo:
         size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1, max_patches=12
     )
     return InternVLProcessorNoVideo(
-        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=seq_length,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=seq_length,
         chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
+    )
 
 
 def test_default_request_of_max_images_fits_a_released_context() -> None:

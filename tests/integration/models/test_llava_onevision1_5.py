@@ -68,10 +68,12 @@ def test_the_stand_in_is_served_by_the_eager_hook(runner) -> None:
             assert abs(np.exp(together.scores[row]).sum() - 1) < 1e-9
 
 
-def test_remote_code_loads_only_with_trust_remote_code(runner, tmp_path, monkeypatch,
-                                                        caplog) -> None:  # fmt: skip
-    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE",
-                        str(tmp_path / "modules"))  # fmt: skip
+def test_remote_code_loads_only_with_trust_remote_code(
+    runner, tmp_path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(
+        transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules")
+    )
     checkpoint = save_remote_code_checkpoint(tmp_path / "ov15")
     with pytest.raises(ModelLoadError, match="LAD_TRUST_REMOTE_CODE=true"):
         load_runner(str(checkpoint), device="cpu")

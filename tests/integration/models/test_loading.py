@@ -94,13 +94,20 @@ def _fill_cache(hf_home: Path, source: Path, repo: str) -> Path:
 
 
 def _tree(path: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(path.rglob("*"))}
+    return {
+        str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+    }
 
 
 def _offline_env(hf_home: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 @pytest.mark.slow
@@ -116,8 +123,14 @@ def test_a_hub_name_loads_offline_from_a_read_only_cache_without_writing(tmp_pat
         "print('LOADED', r.model_id, r.num_layers)\n"
     )
     try:
-        done = subprocess.run([sys.executable, "-c", code], env=_offline_env(hf_home),
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=_offline_env(hf_home),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         for p in [hf_home, *hf_home.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
@@ -130,14 +143,29 @@ def test_a_hub_name_loads_offline_from_a_read_only_cache_without_writing(tmp_pat
 def test_lad_serve_explains_a_hub_name_it_cannot_resolve(tmp_path):
     hf_home = tmp_path / "empty-hf"
     hf_home.mkdir()
-    env = {**_offline_env(hf_home), "LAD_MODEL": "lad-test/does-not-exist",
-           "LAD_STORE_URL": "memory://"}
-    done = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", "0"], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    env = {
+        **_offline_env(hf_home),
+        "LAD_MODEL": "lad-test/does-not-exist",
+        "LAD_STORE_URL": "memory://",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--port", "0"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 3, out
-    for needed in ("lad-test/does-not-exist", "HF_HUB_OFFLINE", "HF_HOME", str(hf_home),
-                   "hf download lad-test/does-not-exist", "LAD_MODEL"):
+    for needed in (
+        "lad-test/does-not-exist",
+        "HF_HUB_OFFLINE",
+        "HF_HOME",
+        str(hf_home),
+        "hf download lad-test/does-not-exist",
+        "LAD_MODEL",
+    ):
         assert needed in out, needed
     assert "Traceback" not in out
     assert not any(hf_home.iterdir())  # nothing written to the cache

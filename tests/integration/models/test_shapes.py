@@ -40,8 +40,10 @@ def test_a_narrowed_qwen2_5_vl_3b_has_its_real_depth_and_token_counts() -> None:
     runner = shape_runner("qwen2_5_vl-3b", width=128)
     text = runner.model.config.text_config
     assert (text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads) == (
-        36, 16, 2,
-    )  # fmt: skip
+        36,
+        16,
+        2,
+    )
     assert text.vocab_size == 151936
     assert list(runner.layers) == list(range(21, 36))  # Λ: 15 layers of 36
     side = 112
@@ -60,8 +62,10 @@ def test_other_families_build_at_their_real_depth(name: str, width: int) -> None
     runner = shape_runner(name, width=width)
     text = runner.model.config.text_config
     assert (text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads) == (
-        28, 28, 4,
-    )  # fmt: skip
+        28,
+        28,
+        4,
+    )
     assert list(runner.layers) == list(range(16, 28))
     out = runner.forward([RetrievalItem("a cat", random_images(2, seed=1, sizes=[(64, 48)]))])
     assert np.isclose(np.exp(out.scores[0]).sum(), 1.0)

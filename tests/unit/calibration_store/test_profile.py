@@ -13,15 +13,26 @@ from pydantic import ValidationError
 
 from calibration_store import Fingerprint, Profile, ProfileKey, UnknownSchemaVersion
 
-FP = {"model_id": "org/m", "model_revision": "r1", "dtype": "bfloat16",
-      "attention_backend": "sdpa", "prompt_hash": "h" * 8, "label_scheme": "digits", "n": 3}
+FP = {
+    "model_id": "org/m",
+    "model_revision": "r1",
+    "dtype": "bfloat16",
+    "attention_backend": "sdpa",
+    "prompt_hash": "h" * 8,
+    "label_scheme": "digits",
+    "n": 3,
+}
 
 
 def build(**overrides: Any) -> Profile:
     args: dict[str, Any] = {
-        "name": "default", "fingerprint": FP, "layers": [5, 6],
-        "bias_matrix": np.arange(9.0).reshape(3, 3) / 7, "attention_prior": np.full((2, 3), 0.1),
-        "num_examples": 5, "num_forward_passes": 15,
+        "name": "default",
+        "fingerprint": FP,
+        "layers": [5, 6],
+        "bias_matrix": np.arange(9.0).reshape(3, 3) / 7,
+        "attention_prior": np.full((2, 3), 0.1),
+        "num_examples": 5,
+        "num_forward_passes": 15,
         "hyperparameters": {"top_k": 2, "tau": 5.0, "eps": 1e-20, "variant": "reference"},
     }
     args.update(overrides)
@@ -99,7 +110,9 @@ def test_key_and_fingerprint() -> None:
     assert profile.fingerprint.mismatches(same) == {}
     other = RunnerFingerprint(**{**FP, "dtype": "float32", "prompt_hash": "x"})
     assert profile.fingerprint.mismatches(other) == {
-        "dtype": ("bfloat16", "float32"), "prompt_hash": ("h" * 8, "x")}
+        "dtype": ("bfloat16", "float32"),
+        "prompt_hash": ("h" * 8, "x"),
+    }
 
 
 def test_profiles_are_immutable() -> None:

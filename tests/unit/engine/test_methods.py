@@ -87,9 +87,10 @@ def test_missing_inputs_are_errors(evidence) -> None:
 
 
 def test_the_wire_offers_exactly_the_engine_methods() -> None:
-    from app.api.routes.retrieve import _MULTIPART_SCHEMA
-    from lad_client.types import RetrieveOptions
+    from app.api.openapi import form_schema
+    from lad_client.types import RetrieveOptions, RetrieveRequest
 
     enum = RetrieveOptions.model_json_schema()["properties"]["method"]["enum"]
     assert tuple(enum) == METHODS
-    assert tuple(_MULTIPART_SCHEMA["properties"]["method"]["enum"]) == METHODS
+    form = form_schema(RetrieveRequest, "images")
+    assert tuple(form["properties"]["method"]["enum"]) == METHODS

@@ -7,7 +7,7 @@ import pytest
 from app.engine.labels import resolve_labels
 from app.engine.prompts import PROMPT_VARIANTS, prompt_hash, prompt_text
 from app.engine.runner import RetrievalItem
-from app.testing.tiny_models import random_images, tiny_runner
+from app.testing.tiny_models import random_images
 
 VANILLA_N4 = (
     "Given 4 images indexed from 1 to 4, identify the image that best matches the provided "
@@ -54,8 +54,8 @@ def test_prompt_hash_is_stable_and_separates_variants_and_templates() -> None:
         prompt_text("q", ["1", "2"], "cot-free")
 
 
-def test_rendered_chat_prompt_puts_images_first() -> None:
-    runner = tiny_runner("qwen2_5_vl")
+def test_rendered_chat_prompt_puts_images_first(shared_runner) -> None:
+    runner = shared_runner("qwen2_5_vl")
     (prompt,) = runner.prompts([RetrievalItem("a dog on a red sofa", random_images(4))])
     image = "<|vision_start|><|image_pad|><|vision_end|>"
     assert prompt.endswith(f"{image * 4}{VANILLA_N4}<|im_end|>\n<|im_start|>assistant\n")

@@ -102,6 +102,9 @@ def test_kappa_is_the_largest_observed_margin() -> None:
     assert calibration.kappa == pytest.approx(brute)
     # B = Lobs − I: the diagonal margin of B over its row is Lobs's margin minus κ̂
     b = calibration.bias_matrix
-    np.testing.assert_allclose(np.diag(b)[:, None] - b, np.diag(l_obs)[:, None] - l_obs
-                               - brute * (1 - np.eye(N)), atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        np.diag(b)[:, None] - b,
+        np.diag(l_obs)[:, None] - l_obs - brute * (1 - np.eye(N)),
+        atol=1e-12,
+    )
     assert debias.visual_gain(np.zeros((1, 1))) == 0.0

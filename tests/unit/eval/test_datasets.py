@@ -81,11 +81,19 @@ def test_flickr_token_and_csv_formats(tmp_path: Path) -> None:
 
 def test_adversarial_negatives_are_nearest_neighbours_with_exclusions(tmp_path: Path) -> None:
     paths = [tmp_path / f"{i}.png" for i in range(6)]
-    captions = ["a red circle", "a red circle", "a blue star", "a green square",
-                "a purple cross", "a yellow diamond"]  # fmt: skip
+    captions = [
+        "a red circle",
+        "a red circle",
+        "a blue star",
+        "a green square",
+        "a purple cross",
+        "a yellow diamond",
+    ]
     categories = [{1}, {2}, {1, 2}, {3}, {4}, {1}]  # image 5 has image 0's category set
-    pool = [PoolImage(p, (c,), frozenset(k)) for p, c, k in zip(paths, captions, categories,
-                                                                strict=True)]  # fmt: skip
+    pool = [
+        PoolImage(p, (c,), frozenset(k))
+        for p, c, k in zip(paths, captions, categories, strict=True)
+    ]
     angles = np.array([0.0, 0.1, 0.2, 0.3, 1.5, 0.05])  # image 5 is nearest to 0 after image 1
     emb = np.stack([np.cos(angles), np.sin(angles)], axis=1)
     ds = ImagePool("toy", pool, neighbours=lambda: emb)
@@ -146,8 +154,10 @@ def test_paper_rule_text_cosine_and_category_containment(tmp_path: Path) -> None
     paths = [tmp_path / f"{i}.png" for i in range(6)]
     captions = ["q0", "near query", "far a", "far b", "far c", "far d"]
     categories = [{1}, {2}, {1, 2}, {3}, {1}, {4}]  # 2 and 4 contain the target's {1}
-    pool = [PoolImage(p, (c,), frozenset(k)) for p, c, k in zip(paths, captions, categories,
-                                                                strict=True)]  # fmt: skip
+    pool = [
+        PoolImage(p, (c,), frozenset(k))
+        for p, c, k in zip(paths, captions, categories, strict=True)
+    ]
     angles = np.array([0.0, 0.1, 0.2, 0.3, 0.05, 1.5])  # image order: 4, 1, 2, 3, 5
     image_emb = np.stack([np.cos(angles), np.sin(angles)], axis=1)
     text_angle = {

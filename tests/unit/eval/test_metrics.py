@@ -109,11 +109,23 @@ def _records(seed: int = 0) -> list[dict]:
                     p[pred] = p.max() + 1
                 p /= p.sum()
                 gen = None if method != "cot" else {"answers": [pred], "text": "x"}
-                records.append(make_record(
-                    item=f"it{i}", n=N, setting="random", dataset="d", ordering=o,
-                    order=orderings[i, o], method=method, gt_position=g, probabilities=p,
-                    predicted_position=pred, forward_passes=1, latency_ms=2.0, generation=gen,
-                ))  # fmt: skip
+                records.append(
+                    make_record(
+                        item=f"it{i}",
+                        n=N,
+                        setting="random",
+                        dataset="d",
+                        ordering=o,
+                        order=orderings[i, o],
+                        method=method,
+                        gt_position=g,
+                        probabilities=p,
+                        predicted_position=pred,
+                        forward_passes=1,
+                        latency_ms=2.0,
+                        generation=gen,
+                    )
+                )
     return records
 
 
@@ -136,8 +148,11 @@ def test_metrics_recomputed_by_hand_from_records() -> None:
         assert m["selection_by_position"] == pytest.approx(selection)
         consistent = 0
         for i in range(ITEMS):
-            chosen = {r["order"][r["predicted_position"]] if r["predicted_position"] is not None
-                      else None for r in mine if r["item"] == f"it{i}"}  # fmt: skip
+            chosen = {
+                r["order"][r["predicted_position"]] if r["predicted_position"] is not None else None
+                for r in mine
+                if r["item"] == f"it{i}"
+            }
             consistent += chosen != {None} and len(chosen) == 1
         assert m["cons"] == pytest.approx(100 * consistent / ITEMS)
         rr = []
@@ -184,12 +199,22 @@ def test_a_constant_predictor_has_a_degenerate_ci_and_recall_cis() -> None:
     n, records = 4, []
     for item in range(6):
         for o in range(n):  # balanced: the GT at every position once, always answered "1"
-            records.append(make_record(
-                item=f"i{item}", n=n, setting="s", dataset="d", ordering=o,
-                order=[(p + o) % n for p in range(n)], method="vanilla", gt_position=o,
-                probabilities=[1.0, 0.0, 0.0, 0.0], predicted_position=0, forward_passes=1,
-                latency_ms=1.0,
-            ))  # fmt: skip
+            records.append(
+                make_record(
+                    item=f"i{item}",
+                    n=n,
+                    setting="s",
+                    dataset="d",
+                    ordering=o,
+                    order=[(p + o) % n for p in range(n)],
+                    method="vanilla",
+                    gt_position=o,
+                    probabilities=[1.0, 0.0, 0.0, 0.0],
+                    predicted_position=0,
+                    forward_passes=1,
+                    latency_ms=1.0,
+                )
+            )
     m = compute_metrics(records, samples=200)["runs"][0]["methods"]["vanilla"]
     assert m["acc"] == 25.0 and m["acc_ci"] == [25.0, 25.0] and m["acc_ci_degenerate"]
     assert _ci(m["acc_ci"]).startswith("[25.0, 25.0] (degenerate")

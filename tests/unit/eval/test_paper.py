@@ -60,8 +60,10 @@ def test_paper_layers_clip_to_the_depth() -> None:
 
 
 def test_paper_prompts_byte_for_byte() -> None:
-    intro = ("Given 4 images indexed from 1 to 4, identify the image that best matches the "
-             "provided caption.\n")  # fmt: skip
+    intro = (
+        "Given 4 images indexed from 1 to 4, identify the image that best matches the "
+        "provided caption.\n"
+    )
     assert cot_prompt_text("a cat", DIGITS, PAPER.cot.prompt) == (
         intro + "Please think step by step. First, write your reasoning inside <think> and "
         "</think> tags. Then, after the closing </think> tag, output only the final answer "
@@ -77,11 +79,15 @@ def test_paper_prompts_byte_for_byte() -> None:
 def test_vanilla_and_instruction_prompts_are_the_authors() -> None:
     from app.engine.prompts import prompt_text
 
-    intro = ("Given 4 images indexed from 1 to 4, identify the image that best matches the "
-             "provided caption.")  # fmt: skip
+    intro = (
+        "Given 4 images indexed from 1 to 4, identify the image that best matches the "
+        "provided caption."
+    )
     tail = " Respond with the index number only and nothing else.\nCaption: a cat\nAnswer: "
     assert prompt_text("a cat", DIGITS) == intro + tail
-    fair = (" Please note that the provided images have been randomly shuffled, so it is "
-            "essential to consider them fairly and without bias. Analyze the visual content "
-            "objectively and do not be influenced by the order of the images.")  # fmt: skip
+    fair = (
+        " Please note that the provided images have been randomly shuffled, so it is "
+        "essential to consider them fairly and without bias. Analyze the visual content "
+        "objectively and do not be influenced by the order of the images."
+    )
     assert prompt_text("a cat", DIGITS, "instruction") == intro + fair + tail

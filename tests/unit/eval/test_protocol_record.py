@@ -25,8 +25,13 @@ def test_tile_budget_caps_a_tiling_processor_for_one_run() -> None:
 def test_layers_from_the_config_alone(tmp_path) -> None:
     from transformers import Qwen2Config
 
-    Qwen2Config(num_hidden_layers=36, hidden_size=32, num_attention_heads=2,
-                intermediate_size=64, vocab_size=100).save_pretrained(tmp_path)  # fmt: skip
+    Qwen2Config(
+        num_hidden_layers=36,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+    ).save_pretrained(tmp_path)
     assert model_depth(str(tmp_path)) == 36
     paper = EvalConfig(out=tmp_path, model=str(tmp_path), protocol="paper")
     assert resolve_layers(paper) == list(range(21, 36))

@@ -8,15 +8,32 @@ from app.eval.seeds import render, summarise
 
 def _metrics(acc: float, diff: float, ci: list[float]) -> dict:
     method = {"acc": acc, "acc_ci": ci, "acc_ci_degenerate": ci[0] == ci[1], "rstd": 3.0}
-    return {"runs": [{"n": 4, "setting": "adversarial", "items": 10, "orderings": 4,
-                      "methods": {"vanilla": method, "agd": {**method, "acc": acc + diff}},
-                      "paired": {"agd-vanilla": {"diff": diff, "ci": [diff - 1, diff + 1],
-                                                 "inside_noise": diff < 1}}}]}  # fmt: skip
+    return {
+        "runs": [
+            {
+                "n": 4,
+                "setting": "adversarial",
+                "items": 10,
+                "orderings": 4,
+                "methods": {"vanilla": method, "agd": {**method, "acc": acc + diff}},
+                "paired": {
+                    "agd-vanilla": {
+                        "diff": diff,
+                        "ci": [diff - 1, diff + 1],
+                        "inside_noise": diff < 1,
+                    }
+                },
+            }
+        ]
+    }
 
 
 def test_summary_over_seeds() -> None:
-    per_seed = {1: _metrics(12.5, 8.2, [12.5, 12.5]), 2: _metrics(14.0, 1.4, [10.0, 18.0]),
-                3: _metrics(13.0, 0.5, [9.0, 17.0])}  # fmt: skip
+    per_seed = {
+        1: _metrics(12.5, 8.2, [12.5, 12.5]),
+        2: _metrics(14.0, 1.4, [10.0, 18.0]),
+        3: _metrics(13.0, 0.5, [9.0, 17.0]),
+    }
     summary = summarise(per_seed)
     (run,) = summary["runs"]
     agd_gain = run["paired"]["agd-vanilla"]

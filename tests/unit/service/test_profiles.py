@@ -17,7 +17,6 @@ import pytest
 from app import errors
 from app.metrics import Metrics
 from app.service.profiles import ProfileService, calibration_of
-from app.testing.tiny_models import tiny_runner
 from calibration_store import Profile, open_store
 
 
@@ -41,17 +40,21 @@ class RecordingStore:
 
 
 @pytest.fixture(scope="module")
-def runner() -> Any:
-    return tiny_runner("qwen2_5_vl", layers=(1, 2))
+def runner(shared_runner: Any) -> Any:
+    return shared_runner("qwen2_5_vl", layers=(1, 2))
 
 
 def _profile(service: ProfileService, layers: list[int], seed: int = 0, n: int = 3) -> Profile:
     rng = np.random.default_rng(seed)
     return Profile.create(
-        name="default", fingerprint=service.fingerprint("digits", n), layers=layers,
-        bias_matrix=rng.normal(size=(n, n)), attention_prior=rng.random((len(layers), n)),
-        num_examples=5, num_forward_passes=5 * n,
-    )  # fmt: skip
+        name="default",
+        fingerprint=service.fingerprint("digits", n),
+        layers=layers,
+        bias_matrix=rng.normal(size=(n, n)),
+        attention_prior=rng.random((len(layers), n)),
+        num_examples=5,
+        num_forward_passes=5 * n,
+    )
 
 
 def test_operations_run_off_the_event_loop_and_answer_in_schemas(runner: Any) -> None:

@@ -13,7 +13,8 @@ from lad_client.vocabulary import MAX_N, NAME_PATTERN
 MAX_CALIBRATION_EXAMPLES = 64
 RECOMMENDED_CALIBRATION_EXAMPLES = 5
 CALIBRATE_EXAMPLE: dict[str, object] = {
-    "profile": "default", "labels": "digits",
+    "profile": "default",
+    "labels": "digits",
     "examples": [{"query": "a small green square", "images": list(EXAMPLE_IMAGES), "answer": 1}],
 }
 
@@ -89,8 +90,10 @@ class CalibrateResponse(BaseModel):
     created_at: datetime | None = Field(description="when the store saved this version (UTC)")
     duration_s: float = Field(description="seconds the calibration took")
     diagnostics: dict[str, object] | None = Field(
-        None, description="leave-one-example-out accuracy of vanilla, attn_pure and agd over "
-        "the calibration instances, bootstrap spread of B (README: Online calibration)"
+        None,
+        description="leave-one-example-out accuracy of vanilla, attn_pure and agd over "
+        "the calibration instances, bootstrap spread of B "
+        "(docs/calibration.md: Online calibration)",
     )
     per_n: list[CalibratedN] | None = Field(
         None,

@@ -11,7 +11,7 @@ class ErrorDetail(BaseModel):
     # A plain string, so that a client parses the codes a newer server adds; the served
     # OpenAPI document lists this server's codes as an enum (app.api.openapi).
     code: str = Field(
-        description="the stable cause (README: Limits and errors); a newer server may add "
+        description="the stable cause (docs/api.md: Limits and errors); a newer server may add "
         "codes, so treat an unknown one as its HTTP status"
     )
     message: str = Field(description="for a person: what happened and what to do; never parsed")

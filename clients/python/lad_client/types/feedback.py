@@ -11,10 +11,17 @@ from lad_client.vocabulary import MAX_N
 class FeedbackRequest(Strict):
     """Which candidate of an earlier retrieval was the right one."""
 
-    request_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/+=-]+$",
-                            description="the `request_id` of the retrieve response")
-    answer: int = Field(ge=0, lt=MAX_N, description="0-based index of the correct image, in "
-                        "the order the retrieval was sent")  # fmt: skip
+    request_id: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._:/+=-]+$",
+        description="the `request_id` of the retrieve response",
+    )
+    answer: int = Field(
+        ge=0,
+        lt=MAX_N,
+        description="0-based index of the correct image, in the order the retrieval was sent",
+    )
 
 
 class FeedbackResponse(BaseModel):
@@ -26,11 +33,14 @@ class FeedbackResponse(BaseModel):
     profile: str = Field(description="the profile the feedback feeds")
     labels: str = Field(description="its label scheme")
     n: int = Field(description="its N")
-    held_out: bool = Field(description="kept aside to judge refreshes (the server's random "
-                           "draw, 1 in 5, made when the retrieval was served)")  # fmt: skip
+    held_out: bool = Field(
+        description="kept aside to judge refreshes (the server's random "
+        "draw, 1 in 5, made when the retrieval was served)"
+    )
     refresh: dict[str, object] | None = Field(
-        None, description="the automatic refresh this feedback triggered "
-        "(LAD_FEEDBACK_REFRESH_EVERY), if any"
+        None,
+        description="the automatic refresh this feedback triggered "
+        "(LAD_FEEDBACK_REFRESH_EVERY), if any",
     )
 
 
@@ -51,6 +61,7 @@ class RefreshResponse(BaseModel):
     bias_matrix: list[list[float]] = Field(description="the refreshed B")
     attention_prior: list[list[float]] = Field(description="the refreshed P")
     diagnostics: dict[str, object] | None = Field(
-        None, description="held-out accuracy of vanilla, attn_pure and agd with the live and "
-        "the refreshed calibration, and the offline calibration's diagnostics"
+        None,
+        description="held-out accuracy of vanilla, attn_pure and agd with the live and "
+        "the refreshed calibration, and the offline calibration's diagnostics",
     )

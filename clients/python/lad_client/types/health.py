@@ -20,13 +20,16 @@ class Readiness(BaseModel):
 
     ready: bool = Field(description="the model is loaded and its worker runs")
     status: Literal["ok", "degraded", "not_ready"] = Field(
-        "ok", description="ok; degraded while the store is unreachable or refuses writes "
-        "(store.writes: failing); not_ready"
+        "ok",
+        description="ok; degraded while the store is unreachable or refuses writes "
+        "(store.writes: failing); not_ready",
     )
     model: dict[str, object] = Field(
         description="loaded, worker_running, model_id, revision, dtype, device, "
         "attention_backend, layers"
     )
-    store: dict[str, object] = Field(description="the profile store's health (backend, status, "
-                                     "writes: ok, failing or unknown, ...)")  # fmt: skip
+    store: dict[str, object] = Field(
+        description="the profile store's health (backend, status, "
+        "writes: ok, failing or unknown, ...)"
+    )
     queue: dict[str, int] = Field(description="depth, max_queue, max_batch_size")

@@ -29,8 +29,9 @@ class ProfileEntry(BaseModel):
         default_factory=list, description="kept versions (GET /v1/profiles/{name} only)"
     )
     online: dict[str, object] | None = Field(
-        None, description="online calibration (GET /v1/profiles/{name} only): feedback "
-        "counts, raw position drift, the last refresh decision"
+        None,
+        description="online calibration (GET /v1/profiles/{name} only): feedback "
+        "counts, raw position drift, the last refresh decision",
     )
 
 

@@ -17,10 +17,13 @@ from lad_client.types.documents import (
 from lad_client.vocabulary import MAX_N, METHODS, NAME_PATTERN, SCHEMES, Method
 
 RERANK_EXAMPLE: dict[str, object] = {
-    "query": "a small green square", "documents": list(EXAMPLE_IMAGES), "top_n": 2,
+    "query": "a small green square",
+    "documents": list(EXAMPLE_IMAGES),
+    "top_n": 2,
     "return_documents": False,
-    "method": "vanilla", "seed": 7,
-}  # fmt: skip
+    "method": "vanilla",
+    "seed": 7,
+}
 
 
 DocumentList = Annotated[list[Document], Field(min_length=2, max_length=MAX_N)]
@@ -30,28 +33,43 @@ class RerankOptions(Strict):
     """How to rerank (shared by the JSON and the multipart encodings of POST /v1/rerank)."""
 
     top_n: int | None = Field(
-        None, ge=1, le=MAX_N, description="results to return; the best top_n of each window "
+        None,
+        ge=1,
+        le=MAX_N,
+        description="results to return; the best top_n of each window "
         "advance (the winner and, for top_n > 1, runners-up). Unset: every document is "
         "returned, ranked, with only window winners advancing (the cheapest tournament)",
     )
     method: Method = Field("agd", description=f"one of {', '.join(METHODS)}; agd is the default")
     profile: str = Field("default", pattern=NAME_PATTERN, description="calibration profile name")
-    labels: str = Field("digits", pattern="^(" + "|".join(SCHEMES) + ")$",
-                        description="label scheme name (windows vary in N: no custom lists)")
+    labels: str = Field(
+        "digits",
+        pattern="^(" + "|".join(SCHEMES) + ")$",
+        description="label scheme name (windows vary in N: no custom lists)",
+    )
     window: int | None = Field(
-        None, ge=2, le=MAX_N, description="largest window (N per prompt); default: the "
+        None,
+        ge=2,
+        le=MAX_N,
+        description="largest window (N per prompt); default: the "
         "largest N the profile is calibrated for (LAD_MAX_IMAGES for methods without one)",
     )
     seed: int | None = Field(
-        None, ge=0, le=2**32 - 1, description="seed of the window assignment (same seed, "
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="seed of the window assignment (same seed, "
         "same documents: same windows); default: a fresh one, returned in meta",
     )
     return_documents: bool = Field(
-        False, description="echo each result's document as it was sent (a file part of a "
+        False,
+        description="echo each result's document as it was sent (a file part of a "
         "multipart body: its bytes in base64)",
     )
     model: str | None = Field(
-        None, max_length=512, description="the served model id (GET /v1/models); another id "
+        None,
+        max_length=512,
+        description="the served model id (GET /v1/models); another id "
         "is 404 model_not_found; unset: the served model",
     )
 

@@ -8,7 +8,9 @@ from lad_client.types.common import EXAMPLE_IMAGES, LABELS_DESCRIPTION, ImageLis
 from lad_client.vocabulary import METHODS, NAME_PATTERN, Method
 
 RETRIEVE_EXAMPLE: dict[str, object] = {
-    "query": "a small green square", "images": list(EXAMPLE_IMAGES), "method": "vanilla",
+    "query": "a small green square",
+    "images": list(EXAMPLE_IMAGES),
+    "method": "vanilla",
 }
 
 
@@ -27,8 +29,10 @@ class RetrieveRequest(RetrieveOptions):
     model_config = ConfigDict(json_schema_extra={"examples": [RETRIEVE_EXAMPLE]})
 
     query: str = Field(
-        min_length=1, max_length=100_000, description="the caption to match (at most "
-        "LAD_MAX_QUERY_CHARS)", examples=["a red star"],
+        min_length=1,
+        max_length=100_000,
+        description="the caption to match (at most LAD_MAX_QUERY_CHARS)",
+        examples=["a red star"],
     )
     images: ImageList
 
@@ -54,7 +58,8 @@ class RetrieveDetails(BaseModel):
 class RetrieveResponse(BaseModel):
     index: int = Field(description="0-based index into `images` of the chosen image")
     ranking: list[int] = Field(
-        default_factory=list, description="every image's 0-based index, by final (debiased) "
+        default_factory=list,
+        description="every image's 0-based index, by final (debiased) "
         "probability, best first (ranking[0] == index; ties keep image order)",
     )
     label: str = Field(description="the label of the chosen image")
@@ -64,8 +69,9 @@ class RetrieveResponse(BaseModel):
     method: str = Field(description="the method that produced the answer")
     debiased: bool = Field(description="false for vanilla, including the uncalibrated fallback")
     profile: ProfileRef | None = Field(
-        None, description="the profile applied; null for vanilla, attn_raw, perm_avg and the "
-        "uncalibrated fallback"
+        None,
+        description="the profile applied; null for vanilla, attn_raw, perm_avg and the "
+        "uncalibrated fallback",
     )
     model: str = Field(description="the model id that answered (LAD_MODEL)")
     timings_ms: dict[str, float] = Field(
@@ -77,6 +83,7 @@ class RetrieveResponse(BaseModel):
         None, description="the evidence behind the answer, with return_details=true"
     )
     request_id: str | None = Field(
-        None, description="this request's id (= the X-Request-ID header): POST /v1/feedback "
-        "with it and the correct index to improve the profile (README: Online calibration)"
+        None,
+        description="this request's id (= the X-Request-ID header): POST /v1/feedback "
+        "with it and the correct index to improve the profile (docs/calibration.md)",
     )
