@@ -16,8 +16,7 @@ import calibration_store.local as local
 from calibration_store import FileProfileStore, Profile, ProfileStore, StoreUnavailable
 from calibration_store.redis_store import RedisProfileStore, encode_key
 from tests.api.test_redis_faults import RedisServer, _free_port, redis_server  # noqa: F401
-from tests.integration.calibration_store.test_store import make_profile
-from tests.integration.calibration_store.test_store import make_store as make_store
+from tests.integration.calibration_store.stores import make_profile
 
 
 def batch(seed: int, sizes: tuple[int, ...] = (2, 3, 4)) -> list[Profile]:
