@@ -58,6 +58,7 @@ ImageInput = str | bytes
 
 _DATA_URL_HEADER = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[A-Za-z0-9=._+-]*)*;base64", re.ASCII)
 _WHITESPACE = re.compile(r"\s+")
+_REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ORIENTATION = 0x0112
 _TRANSPOSE = {
@@ -146,6 +147,12 @@ def _to_bytes(data: ImageInput, where: str, settings: Settings) -> bytes:
         raw = bytes(data)
     else:
         text = data.strip()  # the same object when there is nothing to strip
+        if _REMOTE_URL.match(text):  # never fetched: no request leaves the service (SSRF)
+            raise errors.InvalidImage(
+                f"{where} is a remote URL ({text[: text.find(':')][:16]}://...); the service "
+                "does not fetch URLs: send the image itself, as data:image/<type>;base64,<data> "
+                "or bare base64"
+            )
         if text[:5] == "data:":
             comma = text.find(",", 0, 256)
             if comma < 0 or not _DATA_URL_HEADER.fullmatch(text, 0, comma):

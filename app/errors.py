@@ -173,6 +173,11 @@ class MethodNotAllowed(ServiceError):
     meaning = "the route exists but not for this HTTP method (see the Allow header)"
 
 
+class ModelNotFound(ServiceError):
+    code, status = "model_not_found", 404
+    meaning = "the request names a model other than the served one (GET /v1/models lists it)"
+
+
 # --- profiles ------------------------------------------------------------------------------
 class ProfileNotFound(ServiceError):
     code, status = "profile_not_found", 404
@@ -281,6 +286,7 @@ ERRORS: tuple[type[ServiceError], ...] = (
     EngineFailure,
     InternalError,
     HeadersTooLarge,
+    ModelNotFound,
 )
 """The one table of causes: each class carries its code, HTTP status and meaning."""
 

@@ -32,8 +32,10 @@ def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:
     schema.pop("examples", None)
     properties = schema["properties"]
     for name, prop in properties.items():
-        if name == files_field:
-            kept = {k: prop[k] for k in ("minItems", "maxItems", "description") if k in prop}
+        if name == files_field:  # the bounds of its list (its array alternative, if any)
+            listed = next((a for a in prop.get("anyOf", []) if a.get("type") == "array"), prop)
+            kept = {k: listed[k] for k in ("minItems", "maxItems") if k in listed}
+            kept.update({"description": prop["description"]} if "description" in prop else {})
             properties[name] = {
                 "type": "array",
                 "items": {"type": "string", "format": "binary"},
@@ -100,8 +102,11 @@ def _patch_limits(node: Any, settings: Settings) -> None:
     if isinstance(props, dict):
         if isinstance(props.get("images"), dict):
             props["images"]["maxItems"] = settings.max_images
-        if isinstance(props.get("documents"), dict):
-            props["documents"]["maxItems"] = settings.max_rerank_candidates
+        if isinstance(props.get("documents"), dict):  # (maxItems bounds arrays only)
+            documents = props["documents"]
+            for alt in [documents, *documents.get("anyOf", [])]:
+                if alt is documents or alt.get("type") == "array":
+                    alt["maxItems"] = settings.max_rerank_candidates
         if isinstance(props.get("query"), dict) and props["query"].get("type") == "string":
             props["query"]["maxLength"] = settings.max_query_chars
         if isinstance(props.get("answer"), dict):

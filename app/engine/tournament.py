@@ -132,6 +132,17 @@ class Tournament:
         """Each candidate's probability in the last window it played."""
         return self._score.copy()
 
+    def relevance(self) -> np.ndarray:
+        """A score in [0, 1] that orders candidates as ``ranking`` does, across windows:
+        ``(r - 1 + p) / R`` (r: the round reached, p: the last probability, R: the rounds
+        played). A candidate eliminated in round r scores at most r / R, one that reached a
+        later round more (equal only if an eliminated p were 1, which would leave its
+        window's survivors at 0); with one round it is p itself."""
+        if not self._done:
+            raise ValueError("the tournament is not finished")
+        rounds = max(self.rounds_played, 1)
+        return (np.maximum(self._reached, 1) - 1 + self._score) / rounds
+
 
 Judge = Callable[[list[list[int]]], Sequence[Sequence[float]]]
 """Scores one round: its windows (candidate indices in position order) -> probabilities."""

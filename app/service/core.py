@@ -8,6 +8,7 @@ handler (``app.service.handlers``). Routes parse and authorize, then call one me
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ from lad_client.types import (
     CalibrateResponse,
     FeedbackRequest,
     FeedbackResponse,
+    ModelCard,
+    ModelList,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
@@ -38,6 +41,7 @@ from lad_client.types import (
     RerankResponse,
     RetrieveOptions,
     RetrieveResponse,
+    SentDocument,
 )
 
 _PUBLIC_STORE_HEALTH = (
@@ -64,6 +68,7 @@ class Service:
     ) -> None:
         self.settings = settings
         self.runner = runner
+        self.created = int(time.time())  # the model is loaded: GET /v1/models' `created`
         self.store = store
         self.metrics = metrics
         self.profiles = ProfileService(runner, store, metrics)
@@ -141,9 +146,17 @@ class Service:
         return await handlers.retrieve.retrieve(self.pipeline, self.online, options, query, images)
 
     async def rerank(
-        self, options: RerankOptions, query: str, documents: Sequence[ImageInput]
+        self,
+        options: RerankOptions,
+        query: str,
+        documents: Sequence[ImageInput],
+        sent: Sequence[SentDocument] | None = None,
     ) -> RerankResponse:
-        return await handlers.rerank.rerank(self.pipeline, options, query, documents)
+        return await handlers.rerank.rerank(self.pipeline, options, query, documents, sent)
+
+    def models(self) -> ModelList:
+        """The one served model (OpenAI's list shape)."""
+        return ModelList(data=[ModelCard(id=self.model_id, created=self.created)])
 
     async def calibrate(self, request: CalibrateRequest) -> CalibrateResponse:
         return await handlers.calibrate.calibrate(self.pipeline, request)

@@ -32,7 +32,7 @@ CHECKS = ",".join(
     ]
 )
 MAX_EXAMPLES = int(os.environ.get("LAD_TEST_SCHEMATHESIS_EXAMPLES", "25"))
-OPERATIONS = 12  # every route of the document (+ feedback, refresh, rerank)
+OPERATIONS = 13  # every route of the document (+ feedback, refresh, rerank, models)
 HANG_GUARD_S = 900
 
 

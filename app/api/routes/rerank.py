@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 from fastapi import APIRouter, Request
 
 from app.api.bodies import read_query_body
@@ -18,8 +20,14 @@ round the surviving documents are shuffled with `seed` (returned in `meta`) and 
 near-equal windows of at most `window` images; every window is scored (all windows of a round
 in one batch of forward passes) and debiased with the profile of its own N; the best
 min(top_n, size - 1) of each window advance, until one window remains. The ranking orders
-documents by the round they reached, then by their probability in their last window.
-`meta.forward_passes` is what it cost (perm_avg: N passes per window)."""
+documents by the round they reached, then by their probability in their last window;
+`relevance_score` follows that order across windows (see its description).
+`meta.forward_passes` is what it cost (perm_avg: N passes per window); `usage` sums it up.
+
+The JSON body takes the common rerank shape too (Cohere, Jina, vLLM): `model` (the id of
+GET /v1/models; another is 404 `model_not_found`), `documents` as strings or image objects,
+`top_n`, `return_documents` (each result echoes its document as sent). Images are read from
+the body only: remote URLs are never fetched (400 `invalid_image`)."""
 
 
 @register(router, "rerank", description=DESCRIPTION)
@@ -33,4 +41,15 @@ async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -
         files_field="documents",
         max_files=settings.max_rerank_candidates,
     )
-    return await service.rerank(options, query, documents)
+    if isinstance(options, RerankRequest):  # documents in any accepted shape -> their images
+        documents = options.images()
+    sent = None
+    if options.return_documents:  # as sent; a form's file parts (bytes) in base64
+        sent = (
+            options.sent()
+            if isinstance(options, RerankRequest)
+            else [
+                d if isinstance(d, str) else base64.b64encode(d).decode("ascii") for d in documents
+            ]
+        )
+    return await service.rerank(options, query, documents, sent)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from starlette.concurrency import run_in_threadpool
 
@@ -22,7 +22,34 @@ from app.engine.labels import Labels
 from app.engine.methods import passes
 from app.engine.tournament import Tournament, window_sizes
 from app.service.pipeline import Pipeline, Plan, ms_since
-from lad_client.types import RerankMeta, RerankOptions, RerankResponse, RerankResult
+from lad_client.types import (
+    RerankMeta,
+    RerankOptions,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
+    SentDocument,
+)
+
+
+class _PromptTokens:
+    """The prompt tokens of every forward pass, summed (None once a pass reports none)."""
+
+    def __init__(self) -> None:
+        self.total: int | None = 0
+
+    def add(self, counts: Iterable[int | None]) -> None:
+        for count in counts:
+            self.total = None if self.total is None or count is None else self.total + count
+
+
+def _check_model(p: Pipeline, model: str | None) -> None:
+    """`model` may name the served model only (as vLLM answers another id)."""
+    if model is not None and model != p.model_id:
+        raise errors.ModelNotFound(
+            f"model {model[:200]!r} is not served here; this service serves {p.model_id!r} "
+            "(GET /v1/models)"
+        )
 
 
 def _check_counts(p: Pipeline, n: int, top_n: int | None) -> int:
@@ -84,9 +111,16 @@ def _plan(
 
 
 async def rerank(
-    p: Pipeline, options: RerankOptions, query: str, documents: Sequence[ImageInput]
+    p: Pipeline,
+    options: RerankOptions,
+    query: str,
+    documents: Sequence[ImageInput],
+    sent: Sequence[SentDocument] | None = None,
 ) -> RerankResponse:
+    """``sent``: the documents as the client sent them, echoed per result when given
+    (return_documents)."""
     t0 = time.perf_counter()
+    _check_model(p, options.model)
     n = len(documents)
     logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
     top_n = _check_counts(p, n, options.top_n)  # how many advance from each window
@@ -100,7 +134,7 @@ async def rerank(
     method, profiles = plan.method, plan.profiles
     seed = options.seed if options.seed is not None else secrets.randbits(32)
     tournament = Tournament(n, min(window, n), top_n, seed)
-    spent = 0
+    spent, tokens = 0, _PromptTokens()
     while (windows := tournament.next_round()) is not None:
         works = [
             work
@@ -109,15 +143,18 @@ async def rerank(
         ]
         results = await p.worker.run(works, bulk=len(works) > p.settings.max_queue)
         spent += len(works)
+        tokens.add(r.prompt_tokens for r in results)
         probabilities, at = [], 0
         for w in windows:
             k = passes(method, len(w))
             mine, at = results[at : at + k], at + k
             probabilities.append(p.debias(method, mine, profiles.get(len(w))).probabilities)
         tournament.record(probabilities)
-    scores = tournament.scores()
+    scores = tournament.relevance()
     results_out = [
-        RerankResult(index=i, relevance_score=float(scores[i]))
+        RerankResult(
+            index=i, relevance_score=float(scores[i]), document=None if sent is None else sent[i]
+        )
         for i in tournament.ranking()[: options.top_n or n]
     ]
     meta = RerankMeta(
@@ -135,4 +172,11 @@ async def rerank(
             "total": ms_since(t0),
         },
     )
-    return RerankResponse(results=results_out, meta=meta)
+    request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
+    return RerankResponse(
+        id=f"rerank-{request_id}",
+        model=p.model_id,
+        usage=RerankUsage(images=n, prompt_tokens=tokens.total, forward_passes=spent),
+        results=results_out,
+        meta=meta,
+    )

@@ -24,6 +24,7 @@ from lad_client.routes import BY_NAME, Route
 from lad_client.types import (
     CalibrateResponse,
     FeedbackResponse,
+    ModelList,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
@@ -169,6 +170,10 @@ class Api:
             ],
         }
         return Call.to("calibrate", CalibrateResponse, json=body)
+
+    @staticmethod
+    def models() -> Call:
+        return Call.to("list_models", ModelList)
 
     @staticmethod
     def profiles(name: str | None) -> Call:

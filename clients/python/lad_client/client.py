@@ -23,6 +23,7 @@ from lad_client.routes import BY_NAME
 from lad_client.types import (
     CalibrateResponse,
     FeedbackResponse,
+    ModelList,
     ProfileDeleted,
     ProfileList,
     ProfileRolledBack,
@@ -107,12 +108,27 @@ class LadClient:
         profile: str = "default",
         window: int | None = None,
         seed: int | None = None,
+        model: str | None = None,
+        return_documents: bool = False,
         request_id: str | None = None,
     ) -> RerankResponse:
-        """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score),
-        best first; ``.meta`` says the windows, the seed and the forward passes spent."""
-        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        """``images`` ordered by match with ``query``: ``.results`` (index, relevance_score,
+        with ``return_documents`` the document as sent), best first; ``.usage`` and
+        ``.meta`` say the windows, the seed and the forward passes spent. ``model``, when
+        given, must be the served id (``models()``)."""
+        options = {
+            "method": method,
+            "profile": profile,
+            "window": window,
+            "seed": seed,
+            "model": model,
+            "return_documents": return_documents or None,
+        }
         return self._send(self._api.rerank(query, images, top_n, options), request_id)
+
+    def models(self) -> ModelList:
+        """The served model (OpenAI's list shape): ``.data[0].id``."""
+        return self._send(self._api.models())
 
     def calibrate(
         self,
@@ -227,10 +243,22 @@ class AsyncLadClient:
         profile: str = "default",
         window: int | None = None,
         seed: int | None = None,
+        model: str | None = None,
+        return_documents: bool = False,
         request_id: str | None = None,
     ) -> RerankResponse:
-        options = {"method": method, "profile": profile, "window": window, "seed": seed}
+        options = {
+            "method": method,
+            "profile": profile,
+            "window": window,
+            "seed": seed,
+            "model": model,
+            "return_documents": return_documents or None,
+        }
         return await self._send(self._api.rerank(query, images, top_n, options), request_id)
+
+    async def models(self) -> ModelList:
+        return await self._send(self._api.models())
 
     async def calibrate(
         self,

@@ -117,7 +117,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/rerank",
         "Rerank candidate images for a query (windowed, position-debiased tournament)",
         "RerankResponse",
-        _codes(MODEL, BODY, IMAGES, AUTH, SCORING),
+        _codes(MODEL, BODY, IMAGES, AUTH, SCORING, ("model_not_found",)),
         auth="api_key",
         content_types=(JSON, FORM),
         request="RerankRequest",
@@ -136,6 +136,14 @@ ROUTES: tuple[Route, ...] = (
         request="CalibrateRequest",
         body_limit="max_calibrate_body_bytes",
         audit="calibrate",
+    ),
+    Route(
+        "list_models",
+        "GET",
+        "/v1/models",
+        "The served model, in OpenAI's list shape",
+        "ModelList",
+        MODEL,
     ),
     Route(
         "list_profiles",

@@ -22,9 +22,19 @@ from lad_client.types.common import (
     Labels,
     Strict,
 )
+from lad_client.types.documents import (
+    ContentDocument,
+    ContentDocuments,
+    Document,
+    ImageUrl,
+    ImageUrlPart,
+    JinaImageDocument,
+    SentDocument,
+)
 from lad_client.types.errors import ErrorDetail, ErrorResponse
 from lad_client.types.feedback import FeedbackRequest, FeedbackResponse, RefreshResponse
 from lad_client.types.health import Health, Readiness
+from lad_client.types.models import ModelCard, ModelList
 from lad_client.types.profiles import (
     ProfileDeleted,
     ProfileEntry,
@@ -40,6 +50,7 @@ from lad_client.types.rerank import (
     RerankRequest,
     RerankResponse,
     RerankResult,
+    RerankUsage,
 )
 from lad_client.types.retrieve import (
     RETRIEVE_EXAMPLE,
@@ -69,14 +80,22 @@ __all__ = [
     "CalibrateResponse",
     "CalibratedN",
     "CalibrationExample",
+    "ContentDocument",
+    "ContentDocuments",
+    "Document",
     "ErrorDetail",
     "ErrorResponse",
     "FeedbackRequest",
     "FeedbackResponse",
     "Health",
     "ImageList",
+    "ImageUrl",
+    "ImageUrlPart",
+    "JinaImageDocument",
     "Labels",
     "Method",
+    "ModelCard",
+    "ModelList",
     "ProfileDeleted",
     "ProfileEntry",
     "ProfileList",
@@ -91,9 +110,11 @@ __all__ = [
     "RerankRequest",
     "RerankResponse",
     "RerankResult",
+    "RerankUsage",
     "RetrieveDetails",
     "RetrieveOptions",
     "RetrieveRequest",
     "RetrieveResponse",
+    "SentDocument",
     "Strict",
 ]

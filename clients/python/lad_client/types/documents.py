@@ -1,0 +1,80 @@
+"""The image documents of POST /v1/rerank in the shapes common rerank APIs send them.
+
+A document is an image given as a string (a ``data:image/...;base64,`` URL or bare base64,
+Cohere's shape), as Jina's ``{"image": ...}``, as an OpenAI/vLLM content part
+``{"type": "image_url", "image_url": {"url": ...}}`` or as vLLM's document
+``{"content": [<one image_url part>]}``; the whole list may also be vLLM's
+``{"content": [<parts>]}`` (each part one document). Only the image bytes are read: the
+service never fetches a remote URL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from lad_client.types.common import Strict
+from lad_client.vocabulary import MAX_N
+
+IMAGE_DESCRIPTION = "a data:image/...;base64, URL or bare base64 (remote URLs are not fetched)"
+
+
+class ImageUrl(Strict):
+    url: str = Field(description=IMAGE_DESCRIPTION)
+    detail: str | None = Field(None, description="accepted for OpenAI compatibility; ignored")
+
+
+class ImageUrlPart(Strict):
+    """An OpenAI / vLLM content part holding one image."""
+
+    type: Literal["image_url"] = Field(description='"image_url" (text parts are not scored)')
+    image_url: ImageUrl = Field(description="the image, as its `url`")
+
+
+class JinaImageDocument(Strict):
+    """Jina's image document."""
+
+    image: str = Field(description=IMAGE_DESCRIPTION)
+
+
+class ContentDocument(Strict):
+    """vLLM's multimodal document: a content list of exactly one image part."""
+
+    content: list[ImageUrlPart] = Field(
+        min_length=1, max_length=1, description="one image_url part (the document's image)"
+    )
+
+
+Document = str | JinaImageDocument | ImageUrlPart | ContentDocument
+"""One candidate image, in any of the accepted shapes."""
+
+
+class ContentDocuments(Strict):
+    """vLLM's ``documents: {"content": [parts]}``: each image part is one document."""
+
+    content: list[ImageUrlPart] = Field(
+        min_length=2, max_length=MAX_N, description="the candidate images, one part each"
+    )
+
+
+def image_of(document: Document) -> str:
+    """The image string (data URL or base64) a document carries."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, JinaImageDocument):
+        return document.image
+    if isinstance(document, ImageUrlPart):
+        return document.image_url.url
+    return document.content[0].image_url.url
+
+
+SentDocument = str | dict[str, Any]
+"""A document as the client sent it (JSON), as ``return_documents`` echoes it."""
+
+
+def as_sent(document: Document) -> SentDocument:
+    """The document in the shape it was sent (for ``return_documents``)."""
+    if isinstance(document, str):
+        return document
+    return document.model_dump(mode="json", exclude_unset=True)
