@@ -414,10 +414,6 @@ class Decoder:
                     "tokens are not allowed in user text"
                 )
 
-    def candidates(self, n: int, labels: str | Sequence[str], where: str = "images") -> list[str]:
-        """N within limits and a label scheme that can name N images; returns the labels."""
-        return list(self.labels(n, labels, where).strings)
-
     def labels(self, n: int, labels: str | Sequence[str], where: str = "images") -> Labels:
         """N within limits and labels that can name N images, resolved (the one place a
         request's labels are resolved), within the label limits."""

@@ -240,15 +240,15 @@ def test_user_text_rules() -> None:
 
 def test_label_limits() -> None:
     decoder = _decoder(max_label_chars=5, max_label_tokens=10)
-    assert decoder.candidates(3, "digits") == ["1", "2", "3"]
+    assert list(decoder.labels(3, "digits").strings) == ["1", "2", "3"]
     with pytest.raises(errors.InvalidLabels, match="LAD_MAX_LABEL_CHARS=5"):
-        decoder.candidates(2, ["short", "longer one"])
+        list(decoder.labels(2, ["short", "longer one"]).strings)
     with pytest.raises(errors.InvalidLabels, match="special token"):
-        _decoder().candidates(2, ["a", "<|im_end|>"])
+        list(_decoder().labels(2, ["a", "<|im_end|>"]).strings)
     with pytest.raises(errors.TooFewImages):
-        decoder.candidates(1, "digits")
+        list(decoder.labels(1, "digits").strings)
     with pytest.raises(errors.TooManyImages, match="LAD_MAX_IMAGES=12"):
-        decoder.candidates(13, "digits")
+        list(decoder.labels(13, "digits").strings)
     decoder.check_label_tokens([5, 5])
     with pytest.raises(errors.InvalidLabels, match="LAD_MAX_LABEL_TOKENS=10"):
         decoder.check_label_tokens([5, 6])
