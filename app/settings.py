@@ -249,7 +249,7 @@ class Settings(BaseSettings):
         1024,
         ge=1,
         description="open connections; past it the longest-idle one (no request "
-        "under way) is closed to make room, else the oldest still sending its body",
+        "under way) is closed to make room, else the longest-stalled upload",
     )
     max_in_flight: int = Field(
         256,

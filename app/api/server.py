@@ -6,9 +6,10 @@ instead ``GuardedH11Protocol``
 
 - bounds open connections (``LAD_MAX_CONNECTIONS``): past it the connection idle for the
   longest (no request under way: waiting for its first head, a trickled head or in
-  keep-alive; for ``FRESH_S`` or more) is closed to make room, else the oldest one still
-  sending its body, else the oldest just opened; only when every connection has a request
-  being answered is the new one closed;
+  keep-alive; for ``FRESH_S`` or more) is closed to make room, else the upload stalled the
+  longest (no body bytes for ``FRESH_S`` or more), else whichever idle or uploading one has
+  been quiet the longest (an upload still receiving bytes goes after every quieter one);
+  only when every connection has a request being answered is the new one closed;
 - closes a connection whose request head does not arrive within ``LAD_HEADER_TIMEOUT_S``
   (from the connection's start, or from the first byte of a keep-alive request);
 - refuses (400, then closes) a request framed by both Content-Length and
@@ -129,11 +130,13 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self.idle_since = self.loop.time()
+        self.bytes_at = self.idle_since
         self._arm_header_timer()
         if len(self.connections) > self.max_connections:
             self._make_room()
 
     def data_received(self, data: bytes) -> None:
+        self.bytes_at = self.loop.time()
         super().data_received(data)
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self._arm_header_timer()  # bytes of a request whose headers are incomplete
@@ -161,24 +164,32 @@ class GuardedH11Protocol(H11Protocol):
         """A request whose body is still arriving (not yet handed to the model)."""
         return not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY
 
+    def quiet_since(self) -> float:
+        """Since when this connection has made no progress: an idle one since it opened or
+        its last answer (a trickled head is no progress), an upload since its last bytes."""
+        return self.bytes_at if self.is_uploading() else self.idle_since
+
     def _make_room(self) -> None:
-        """Close the longest-idle connection idle for FRESH_S or more; else the oldest one
-        still sending a body (its request sees a disconnect: 499); else the oldest fresh
-        one (just opened, its head not yet read); else, all being answered, this one."""
+        """Close the longest-idle connection idle for FRESH_S or more; else the upload
+        stalled longest for FRESH_S or more (its request sees a disconnect: 499); else the
+        quietest of the rest, idle or uploading: an upload whose bytes are still arriving
+        (a client's ordinary request, between its head and its body) goes after every
+        connection that is quieter; else, all being answered, this one."""
         now = self.loop.time()
         others = [
             c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
         ]
         idle = [c for c in others if c.is_idle()]
+        uploading = [c for c in others if c.is_uploading()]
         for kind, candidates in (
             ("idle", [c for c in idle if now - c.idle_since >= FRESH_S]),
-            ("uploading", [c for c in others if c.is_uploading()]),
-            ("fresh", idle),
+            ("stalled uploading", [c for c in uploading if now - c.bytes_at >= FRESH_S]),
+            ("fresh", idle + uploading),
         ):
             if candidates:
                 if kind != "idle":
-                    self._warn(f"closed the oldest {kind} connection to make room")
-                min(candidates, key=lambda c: c.idle_since).transport.close()
+                    self._warn(f"closed the quietest {kind} connection to make room")
+                min(candidates, key=GuardedH11Protocol.quiet_since).transport.close()
                 return
         self._warn("refused a connection: every other one has a request being answered")
         self.transport.close()

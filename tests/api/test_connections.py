@@ -120,6 +120,32 @@ def test_slow_bodies_give_way_to_new_connections_at_the_limit(served) -> None:
             sock.close()
 
 
+def test_an_upload_still_arriving_outlasts_quieter_connections_at_the_limit(served, items) -> None:
+    """An ordinary request between its head and its body is not the one closed for a new
+    connection while quieter ones are open (the CI failure: 1 of 30 ordinary requests cut)."""
+    server = served(max_connections=20)
+    idle = _idle_sockets(server.port, 20)  # the bound is full; each one under FRESH_S old
+    body = json.dumps(retrieve_body(items[0], method="vanilla")).encode()
+    upload = Raw(server.port)  # the 21st: the oldest idle one makes room
+    try:
+        upload.send(
+            b"POST /v1/retrieve HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:100]
+        )
+        time.sleep(0.1)  # the head is read: the request is uploading
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200  # the 22nd
+        upload.send(body[100:])
+        status, _, _ = upload.response()
+        assert status == 200
+        closed = _closed(idle)
+        assert closed[:2] == [True, True] and not any(closed[-15:]), closed
+    finally:
+        upload.sock.close()
+        for sock in idle:
+            sock.close()
+
+
 class BlockingRunner:
     """The real runner, whose forward waits for ``release`` while ``hold`` is set."""
 

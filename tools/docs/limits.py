@@ -37,7 +37,8 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("keep_alive_s", "idle connection closed"),
     (
         "max_connections",
-        "the longest-idle connection is closed, else the oldest upload (499), else the new one",
+        "the longest-idle connection is closed, else the longest-stalled upload (499), "
+        "else the new one",
     ),
     ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
