@@ -39,7 +39,7 @@ class UnknownSchemaVersion(ValueError):
 class ProfileKey(BaseModel):
     """What a store indexes profiles by: one profile per model, name, label scheme and N."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     model_id: str = Field(min_length=1, max_length=512)
     name: str = Field(pattern=NAME_PATTERN)
@@ -52,6 +52,9 @@ class ProfileKey(BaseModel):
 
 class _FingerprintFields(BaseModel):
     """The fields of an engine fingerprint, shared by Fingerprint and (flat) by Profile."""
+
+    # model_id and model_revision are the wire names; pydantic < 2.10 warns on "model_" fields
+    model_config = ConfigDict(protected_namespaces=())
 
     model_id: str = Field(min_length=1, max_length=512)
     model_revision: str | None = None

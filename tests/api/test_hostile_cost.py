@@ -85,11 +85,12 @@ def test_pillow_warning_floods_become_a_few_json_log_lines(make_client, items, c
             root.addHandler(handler)
         root.setLevel(saved[1])
     err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if "Skipping tag" in line]
+    # Pillow 13 warns once per tag ("... Skipping tag N"), Pillow 10.0 once per file
+    lines = [line for line in err.splitlines() if '"logger": "lad.warnings"' in line]
     assert 1 <= len(lines) <= 3, lines[:5]
     record = json.loads(lines[0])
-    assert record["logger"] == "lad.warnings" and record["level"] == "warning"
-    assert record["category"] == "UserWarning" and "TiffImagePlugin" in record["source"]
+    assert record["level"] == "warning" and record["category"] == "UserWarning"
+    assert "PIL" in record["source"], record
 
 
 def test_the_json_shape_check_bounds_strings_depth_and_skeleton_exactly() -> None:

@@ -72,7 +72,11 @@ def test_docs_pages_load_nothing_from_outside(client):
         assert not re.search(r"https?://", html.text), page
         for url in urls:
             asset = client.get(url)
-            assert asset.status_code == 200 and len(asset.content) > 1000, url
+            assert asset.status_code == 200, url
+            if url.endswith(".png"):  # the favicon: 412 bytes in fastapi-offline 1.7
+                assert asset.content.startswith(b"\x89PNG\r\n\x1a\n"), url
+            else:  # the page's scripts and styles
+                assert len(asset.content) > 1000, url
     assert '"validatorUrl": null' in client.get("/docs").text  # no validator badge request
 
 

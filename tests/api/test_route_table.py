@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute, iter_route_contexts
+from fastapi.routing import APIRoute
 
 import lad_client.types as schemas
 from app import errors
@@ -26,11 +26,20 @@ TOKEN_CHECK = {require_retrieve_token: "api_key", require_admin_token: "admin"}
 DOCS_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc"}
 
 
+def _routes(app: Any) -> list[Any]:
+    """Every route of ``app``, through the included routers (which newer FastAPI keeps
+    nested, reached by iter_route_contexts; before, ``app.routes`` is already flat)."""
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        return list(app.routes)
+    return [context.original_route for context in iter_route_contexts(app.routes)]
+
+
 def _served(app: Any) -> dict[tuple[str, str], APIRoute]:
     """(method, path) -> route of every API route the app serves (docs pages aside)."""
     served = {}
-    for context in iter_route_contexts(app.routes):  # through the included routers
-        route = context.original_route
+    for route in _routes(app):
         if isinstance(route, APIRoute) and route.path not in DOCS_PATHS:
             for method in route.methods:
                 served[(method, route.path)] = route
