@@ -179,12 +179,12 @@ class GuardedH11Protocol(H11Protocol):
         others = [
             c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)
         ]
-        idle = [c for c in others if c.is_idle()]
-        uploading = [c for c in others if c.is_uploading()]
+        quiet = [c for c in others if c.is_idle() or c.is_uploading()]
+        stale = [c for c in quiet if now - c.quiet_since() >= FRESH_S]
         for kind, candidates in (
-            ("idle", [c for c in idle if now - c.idle_since >= FRESH_S]),
-            ("stalled uploading", [c for c in uploading if now - c.bytes_at >= FRESH_S]),
-            ("fresh", idle + uploading),
+            ("idle", [c for c in stale if c.is_idle()]),
+            ("stalled uploading", [c for c in stale if c.is_uploading()]),
+            ("fresh", quiet),
         ):
             if candidates:
                 if kind != "idle":
