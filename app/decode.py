@@ -60,6 +60,10 @@ _DATA_URL_HEADER = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[A-Za-z0-9=._+-]*)*;
 _WHITESPACE = re.compile(r"\s+")
 _REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# In a label, which answers and logs echo: every C0/C1 control (tabs and line breaks too:
+# a label is one line) and the bidirectional controls that make text read otherwise than
+# it is stored (U+061C, U+200E-200F, U+202A-202E, U+2066-2069).
+_LABEL_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _ORIENTATION = 0x0112
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -96,6 +100,12 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
 )
 
 
+_NAMED_BY_PILLOW = ("PPM", "PCX", "TGA", "SGI", "XBM", "ICNS")
+"""Formats without a fixed signature (TGA has none) that Pillow names from their header
+alone (their ``open`` reads a few bytes, never pixels); an image in one is refused by name
+(415) like the signatures above."""
+
+
 def sniff_format(raw: bytes) -> str | None:
     """The format named by the first bytes (None if not recognised); never decodes."""
     for magic, offset, name in _SIGNATURES:
@@ -104,7 +114,11 @@ def sniff_format(raw: bytes) -> str | None:
     head = raw[:256].lstrip().lower()
     if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")):
         return "SVG"
-    return None
+    try:
+        with Image.open(io.BytesIO(raw), formats=_NAMED_BY_PILLOW) as image:
+            return str(image.format)
+    except Exception:  # not one of them: an unreadable image
+        return None
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -436,6 +450,12 @@ class Decoder:
                     f"label {j} has {len(label)} characters; LAD_MAX_LABEL_CHARS={limit}"
                 )
             self._plain_text(label, f"label {j}", errors.InvalidLabels)
+            found = _LABEL_CONTROL.search(label)
+            if found:
+                raise errors.InvalidLabels(
+                    f"label {j} holds the control character U+{ord(found.group(0)):04X}; "
+                    "labels are one line of visible text (no tabs, line breaks or bidi controls)"
+                )
         return resolved
 
     def check_label_tokens(self, token_counts: Sequence[int]) -> None:

@@ -36,6 +36,19 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("lad_request_id", default=None)
 REQUEST_ID_SCOPE_KEY = "lad.request_id"
 """Where the request-id middleware leaves the id in the ASGI scope."""
 
+ECHO_CHARS = 200
+"""Most characters of a client's value (a method, a path, a name, a field) that an answer
+or a log line repeats; the rest is cut to an ellipsis."""
+MAX_MESSAGE_CHARS = 1000
+"""Most characters of an error message, whatever it echoes."""
+
+
+def clip(value: object, limit: int = ECHO_CHARS) -> str:
+    """``value`` as text within ``limit`` characters (cut ones end in an ellipsis): the
+    one way an answer or a log line repeats what a client sent."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
 
 class ServiceError(Exception):
     """Base of the service's errors: `code` is the stable cause, `status` its HTTP status,
@@ -337,6 +350,7 @@ def translate(exc: BaseException) -> ServiceError | None:
 
 
 def error_body(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    message = clip(message, MAX_MESSAGE_CHARS)
     return {"error": {"code": code, "message": message, "request_id": request_id}}
 
 
@@ -359,8 +373,8 @@ def _validation_message(exc: RequestValidationError) -> str:
     """'body.images.0: Input should be a valid string; ...' (first five problems)."""
     parts = []
     for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid"))[:200]
+        where = clip(".".join(clip(p) for p in err.get("loc", ())))
+        msg = clip(err.get("msg", "invalid"))
         parts.append(f"{where}: {msg}" if where else msg)
     more = len(exc.errors()) - 5
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
@@ -425,9 +439,11 @@ def install_error_handlers(app: FastAPI) -> None:
             allowed = _allowed_methods(request)
             if allowed:
                 error.headers["Allow"] = ", ".join(allowed)
-                error.message = f"{request.method} is not allowed here; use {', '.join(allowed)}"
+                error.message = (
+                    f"{clip(request.method)} is not allowed here; use {', '.join(allowed)}"
+                )
         elif exc.status_code == 404 and detail == "Not Found":
-            error.message = f"no route {request.method} {request.url.path[:200]}"
+            error.message = f"no route {clip(request.method)} {clip(request.url.path)}"
         response = error_response(error, _request_id(request))
         response.status_code = exc.status_code
         return response

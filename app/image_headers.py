@@ -22,10 +22,21 @@ MAX_JPEG_HEADER_STEPS = 1024
 MAX_JPEG_SCANS = 256
 """Start-of-scan markers in a JPEG (a progressive JPEG has about ten; each is a full pass
 of libjpeg over the image's coefficients)."""
+MAX_JPEG_SCAN_PIXELS = 16 * 4096 * 4096
+"""Scans times pixels of a JPEG: libjpeg entropy-decodes every scan over the whole image,
+whatever the draft scale, so that product is what a JPEG costs. A 4096² image (the
+LAD_MAX_IMAGE_PIXELS default) may have 16 scans (libjpeg writes 10 for a progressive
+colour image); 256 scans of 4096² took 1.9 s each, 14 times their 10-scan twins."""
 MAX_PNG_CHUNKS = 16_384
 """Chunks of a PNG, image data included (8 MB at libpng's 8 KiB per IDAT is 1,024)."""
 MAX_PNG_TEXT_CHUNKS = 512
 """tEXt, zTXt and iTXt chunks of a PNG (each is decoded into ``info``)."""
+MAX_PNG_ICC_PROFILES = 1
+"""iCCP chunks of a PNG (the PNG specification allows one; Pillow inflates each, up to
+1 MiB: 7,936 of 1 KB took 17.7 s)."""
+MAX_PNG_COMPRESSED_CHUNK_BYTES = 1024 * 1024
+"""Compressed data of one ancillary chunk Pillow inflates (iCCP, zTXt, iTXt): an ICC
+profile compresses to a few KiB, the largest to a few hundred."""
 MAX_EXIF_BYTES = 65_535
 """EXIF block of a PNG (eXIf) or a WebP: what a JPEG's APP1 segment can hold. Reading the
 orientation parses the whole first directory, and a 0.4 MB one made Pillow warn 30,000
@@ -44,6 +55,9 @@ PngImagePlugin.MAX_TEXT_MEMORY = MAX_PNG_TEXT_BYTES
 
 _NO_LENGTH = frozenset({0xC8, *range(0xD0, 0xDA), *range(0xF0, 0xFE)})
 _TEXT_CHUNKS = frozenset({b"tEXt", b"zTXt", b"iTXt"})
+_COMPRESSED_CHUNKS = frozenset({b"iCCP", b"zTXt", b"iTXt"})
+# Start-of-frame markers (C0-CF but DHT C4, JPG C8, DAC CC): they carry the image's size.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def _refuse(where: str, what: str) -> errors.UnsupportedImage:
@@ -52,7 +66,7 @@ def _refuse(where: str, what: str) -> errors.UnsupportedImage:
 
 def check_jpeg(raw: bytes, where: str) -> None:
     """Walk a JPEG's markers up to its first scan as Pillow does, within the bounds."""
-    steps, pos, end = 0, 2, len(raw)
+    steps, pos, end, pixels = 0, 2, len(raw), 0
     while pos + 1 < end:
         if raw[pos] != 0xFF:  # stray bytes: Pillow skips them one by one
             found = raw.find(b"\xff", pos)
@@ -69,17 +83,25 @@ def check_jpeg(raw: bytes, where: str) -> None:
             elif pos + 4 > end:
                 break  # truncated: Pillow refuses it
             else:
+                if marker in _SOF and pos + 9 <= end:
+                    height, width = struct.unpack_from(">HH", raw, pos + 5)
+                    pixels = max(pixels, height * width)
                 pos += 2 + max(struct.unpack_from(">H", raw, pos + 2)[0], 2)
         if steps > MAX_JPEG_HEADER_STEPS:
             raise _refuse(where, f"over {MAX_JPEG_HEADER_STEPS} header segments or fill bytes")
     scans = raw.count(b"\xff\xda")  # entropy-coded data never holds FF DA (FF is stuffed)
     if scans > MAX_JPEG_SCANS:
         raise _refuse(where, f"{scans} scans (at most {MAX_JPEG_SCANS})")
+    if scans * pixels > MAX_JPEG_SCAN_PIXELS:
+        raise errors.UnsupportedImage(
+            f"{where} has {scans} scans of {pixels} pixels; scans x pixels is at most "
+            f"{MAX_JPEG_SCAN_PIXELS} (MAX_JPEG_SCAN_PIXELS: 16 scans of 4096x4096)"
+        )
 
 
 def check_png(raw: bytes, where: str) -> None:
     """Walk a PNG's chunks (Pillow reads them before and after the image data)."""
-    chunks = texts = 0
+    chunks = texts = profiles = 0
     pos, end = 8, len(raw)
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", raw, pos)
@@ -92,6 +114,18 @@ def check_png(raw: bytes, where: str) -> None:
                 raise _refuse(where, f"over {MAX_PNG_TEXT_CHUNKS} text chunks")
         elif kind == b"eXIf" and length > MAX_EXIF_BYTES:
             raise _refuse(where, f"an EXIF block of {length} bytes (at most {MAX_EXIF_BYTES})")
+        if kind == b"iCCP":
+            profiles += 1
+            if profiles > MAX_PNG_ICC_PROFILES:
+                raise errors.UnsupportedImage(
+                    f"{where} has more than {MAX_PNG_ICC_PROFILES} iCCP chunk "
+                    "(MAX_PNG_ICC_PROFILES; the PNG specification allows one)"
+                )
+        if kind in _COMPRESSED_CHUNKS and length > MAX_PNG_COMPRESSED_CHUNK_BYTES:
+            raise errors.UnsupportedImage(
+                f"{where} has a compressed {kind.decode('latin-1')} chunk of {length} bytes; "
+                f"at most {MAX_PNG_COMPRESSED_CHUNK_BYTES} (MAX_PNG_COMPRESSED_CHUNK_BYTES)"
+            )
         if kind == b"IEND":
             return
         pos += 12 + length

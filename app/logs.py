@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
+from app.errors import ECHO_CHARS, clip
 from lad_client.routes import ROUTES
 
 LogFormat = Literal["json", "text"]
@@ -110,7 +111,7 @@ def log_request(record: RequestRecord, *, probe: bool = False) -> None:
     request_log.log(
         level,
         "%s %s %d %.1f ms",
-        record.http_method,
+        clip(record.http_method, ECHO_CHARS),
         record.route,
         record.status,
         record.latency_ms,
@@ -140,28 +141,51 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+MAX_LOG_MESSAGE_CHARS = 2000
+"""Most characters of a line's message (what is past them is cut to an ellipsis)."""
+MAX_LOG_EXCEPTION_CHARS = 8000
+"""Most characters of a traceback written with a line (debug level only)."""
+MAX_LOG_LINE_BYTES = 16 * 1024
+"""Most bytes of one log line: a request whose method, path or fields are 60 KB adds at
+most this much to the log."""
+MAX_LOG_FIELDS = 64
+"""Most key=value fields of one line (ours have about fifteen)."""
+
+
 def _extra(record: logging.LogRecord) -> dict[str, Any]:
-    fields = dict(getattr(record, "lad", None) or {})
+    """The record's fields, each string cut to ``ECHO_CHARS`` (they echo client values:
+    the HTTP method, a profile name, the labels)."""
+    fields = dict(list((getattr(record, "lad", None) or {}).items())[:MAX_LOG_FIELDS])
     request_id = getattr(record, "request_id", None)
     if request_id and "request_id" not in fields:
         fields["request_id"] = request_id
-    return fields
+    return {
+        clip(k, ECHO_CHARS): clip(v, ECHO_CHARS) if isinstance(v, str) else v
+        for k, v in fields.items()
+    }
+
+
+def _bounded(line: str, cut: str) -> str:
+    """``line`` within MAX_LOG_LINE_BYTES; past it, ``cut`` (a shorter line saying so)."""
+    return line if len(line.encode("utf-8", "replace")) <= MAX_LOG_LINE_BYTES else cut
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, then the record's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        body: dict[str, Any] = {
+        head: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
-            **_extra(record),
         }
+        message = clip(record.getMessage(), MAX_LOG_MESSAGE_CHARS)
+        body = {**head, "message": message, **_extra(record)}
         if record.exc_info:
-            body["exception"] = self.formatException(record.exc_info)
-        return json.dumps(body, default=str, ensure_ascii=False)
+            body["exception"] = clip(self.formatException(record.exc_info), MAX_LOG_EXCEPTION_CHARS)
+        line = json.dumps(body, default=str, ensure_ascii=False)
+        short = {**head, "message": clip(message, ECHO_CHARS), "cut_bytes": len(line)}
+        return _bounded(line, json.dumps(short, default=str, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
@@ -171,9 +195,13 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if len(message) > MAX_LOG_MESSAGE_CHARS:
+            record.msg, record.args = clip(message, MAX_LOG_MESSAGE_CHARS), None
         line = super().format(record)
         extra = " ".join(f"{k}={v}" for k, v in _extra(record).items())
-        return f"{line} {extra}" if extra else line
+        line = f"{line} {extra}" if extra else line
+        return _bounded(line, clip(line, MAX_LOG_LINE_BYTES // 4))
 
 
 def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:

@@ -17,6 +17,9 @@ QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 """Scrapes and probes: counted, but not in flight, and in the request log only when they
 fail (status >= 400) or at debug level: a probe every few seconds would bury the log."""
 _MAX_ERROR_BODY = 64 * 1024
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+"""The verbs counted by name; any other (a client may send 60 KB of letters) is "other",
+so a client cannot add a label value, and a time series, per request."""
 
 
 def _error_code(body: bytes) -> str | None:
@@ -95,7 +98,7 @@ class RequestMetricsMiddleware:
         method = (record.method or "") if record.route == "/v1/retrieve" else ""
         self.metrics.observe_request(
             record.route,
-            record.http_method,
+            record.http_method if record.http_method in HTTP_METHODS else "other",
             record.status,
             record.latency_ms / 1e3,
             method,

@@ -187,6 +187,13 @@ class Settings(BaseSettings):
         "also accepted by /v1/retrieve",
     )
 
+    min_admin_token_chars: int = Field(
+        16,
+        ge=1,
+        description="shortest LAD_ADMIN_TOKEN `lad serve` accepts on a non-loopback bind "
+        "(a shorter one is refused at start, like a missing one)",
+    )
+
     # --- operations -----------------------------------------------------------------------
     log_format: Literal["json", "text"] = Field(
         "text", description="json: one JSON object per line (log collectors); text: for people"
@@ -327,9 +334,19 @@ class Settings(BaseSettings):
 
         Calibrate, delete and rollback change what every client gets; without a token
         they are open to anyone who can reach the port, so a non-loopback bind needs
-        LAD_ADMIN_TOKEN or the explicit opt-out LAD_ALLOW_OPEN_ADMIN=true.
+        LAD_ADMIN_TOKEN (of at least LAD_MIN_ADMIN_TOKEN_CHARS characters: a short one is
+        guessed) or the explicit opt-out LAD_ALLOW_OPEN_ADMIN=true.
         """
-        if self.binds_loopback_only() or self.admin_token is not None or self.allow_open_admin:
+        if self.binds_loopback_only():
+            return None
+        token = self.admin_token.get_secret_value() if self.admin_token is not None else None
+        if token is not None and len(token) < self.min_admin_token_chars:
+            return (
+                f"refusing to listen on {self.host} with a LAD_ADMIN_TOKEN of {len(token)} "
+                f"characters: at least LAD_MIN_ADMIN_TOKEN_CHARS={self.min_admin_token_chars} "
+                "are needed where others can reach the port (e.g. `openssl rand -hex 24`)"
+            )
+        if token is not None or self.allow_open_admin:
             return None
         return (
             f"refusing to listen on {self.host} without LAD_ADMIN_TOKEN: calibrate, delete and "

@@ -11,6 +11,7 @@ larger ones are refused at the byte that crosses the limit.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,8 @@ def accepted_media_type(request: Request) -> str:
     if media_type in accepted or (JSON in accepted and is_json(media_type)):
         return media_type
     raise errors.UnsupportedMediaType(
-        f"content type {media_type or '(none)'!r} is not supported; send {' or '.join(accepted)}"
+        f"content type {errors.clip(media_type or '(none)')!r} is not supported; "
+        f"send {' or '.join(accepted)}"
     )
 
 
@@ -80,6 +82,7 @@ MAX_JSON_DEPTH = 32
 # A JSON string from its opening quote (possessive: linear even when unterminated).
 _JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_AFTER_SPACE = re.compile(rb"[ \t\r\n]*:")
 
 
 def check_json_shape(body: bytes) -> None:
@@ -90,8 +93,11 @@ def check_json_shape(body: bytes) -> None:
     strings, bytes outside strings and depth are counted in one pass that stops at the
     first bound crossed: one step per string (``bytes.find`` crosses a string's bytes at
     memchr speed), so the work is bounded by the limits whatever the body holds.
+    The same pass refuses a key repeated in one object: the parser would keep the last
+    one, a proxy reading the first would see another request.
     """
-    strings = skeleton = depth = pos = 0
+    strings = skeleton = pos = 0
+    objects: list[set[bytes] | None] = []  # per open bracket: an object's keys, or None
     while True:
         quote = body.find(b'"', pos)
         stop = len(body) if quote < 0 else quote
@@ -101,11 +107,14 @@ def check_json_shape(body: bytes) -> None:
                 f"the JSON body has more than {MAX_JSON_SKELETON_BYTES} bytes outside its strings"
             )
         for bracket in body[pos:stop].translate(None, _NOT_BRACKET):
-            depth += 1 if bracket in b"[{" else -1
-            if depth > MAX_JSON_DEPTH:
-                raise errors.InvalidRequest(
-                    f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
-                )
+            if bracket in b"[{":
+                objects.append(set() if bracket == 0x7B else None)
+                if len(objects) > MAX_JSON_DEPTH:
+                    raise errors.InvalidRequest(
+                        f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
+                    )
+            elif objects:
+                objects.pop()
         if quote < 0:
             return
         strings += 1
@@ -120,6 +129,32 @@ def check_json_shape(body: bytes) -> None:
         if close < 0:
             return  # an unterminated string: parsing refuses it
         pos = close + 1
+        if objects and objects[-1] is not None and _is_key(body, pos):
+            _add_key(objects[-1], body[quote : close + 1])
+
+
+def _is_key(body: bytes, after: int) -> bool:
+    """Whether the string that ends before ``after`` is an object key (a colon follows)."""
+    return _AFTER_SPACE.match(body, after) is not None
+
+
+def _add_key(keys: set[bytes], key: bytes) -> None:
+    """One more key of an object; a key seen before in it is refused. Escapes are read
+    first ("\\u006dethod" is "method"), so no spelling of a key passes twice."""
+    if b"\\" in key:
+        try:
+            key = json.loads(key).encode("utf-8", "surrogatepass")
+        except ValueError:
+            return  # an invalid escape: parsing refuses it
+    else:
+        key = key[1:-1]
+    if key in keys:
+        shown = errors.clip(key.decode("utf-8", "replace"))
+        raise errors.InvalidRequest(
+            f"the JSON body repeats the key {shown!r} in one object; send each key once "
+            "(readers disagree on which one counts)"
+        )
+    keys.add(key)
 
 
 def parse_json(body: bytes, model: Any) -> Any:
@@ -219,12 +254,13 @@ class _Reader:
         self.part.data += data[start:end]
         if self.part.is_file and len(self.part.data) > self.limits.max_file_bytes:
             raise errors.ImageTooLarge(
-                f"file {self.part.name!r} #{self.file_count} is over LAD_MAX_IMAGE_BYTES="
-                f"{self.limits.max_file_bytes} bytes"
+                f"file {errors.clip(self.part.name)!r} #{self.file_count} is over "
+                f"LAD_MAX_IMAGE_BYTES={self.limits.max_file_bytes} bytes"
             )
         if not self.part.is_file and len(self.part.data) > self.limits.max_field_bytes:
             raise errors.InvalidRequest(
-                f"form field {self.part.name!r} is over {self.limits.max_field_bytes} bytes"
+                f"form field {errors.clip(self.part.name)!r} is over "
+                f"{self.limits.max_field_bytes} bytes"
             )
 
     def on_part_end(self) -> None:
@@ -280,7 +316,7 @@ def split_form(
     first, then base64 text parts); unknown, repeated or missing fields are 422."""
     unknown = sorted(form.names() - {"query", files_field, *option_fields})
     if unknown:
-        raise errors.InvalidRequest(f"unknown form field(s): {', '.join(unknown)}")
+        raise errors.InvalidRequest(f"unknown form field(s): {errors.clip(', '.join(unknown))}")
     repeated = sorted(k for k, v in form.fields.items() if len(v) > 1 and k != files_field)
     if repeated:
         raise errors.InvalidRequest(f"form field(s) sent more than once: {', '.join(repeated)}")

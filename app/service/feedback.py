@@ -234,12 +234,17 @@ class OnlineService:
         }
 
     async def annotate(self, summary: ProfileSummary) -> ProfileSummary:
-        """Fill each entry's ``online`` block (GET /v1/profiles/{name})."""
+        """Fill each entry's ``online`` block (GET /v1/profiles/{name}); while the online
+        store is unavailable the blocks stay empty (the read answers from the replica)."""
         for entry in summary.entries:
             key = self.profiles.key(summary.name, entry.labels, entry.n)
             profile = await self.profiles.call("get", self.profiles.store.get, key)
             if profile is not None:
-                entry.online = await self.call(self._status, key, profile)
+                try:
+                    entry.online = await self.call(self._status, key, profile)
+                except errors.StoreUnavailable:
+                    self.metrics.store_errors.labels(operation="online_status").inc()
+                    return summary
         return summary
 
     async def forget(self, name: str, labels: str, n: int) -> None:

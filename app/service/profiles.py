@@ -164,10 +164,18 @@ class ProfileService:
         return ProfileList(model=self.model_id, profiles=summaries)
 
     def _detail_rows(self, name: str) -> list[tuple[Profile, list[Profile]]]:
+        """Each current profile of ``name`` with its kept versions. The current ones are
+        the replica's own copy; the kept ones are read from the store, and while it is
+        unavailable only the current version is listed (a read route answers from what
+        the replica holds, as retrieve does)."""
         rows = []
         for key, current in self._current_profiles().items():
             if key.name == name:
-                kept = [self.store.get_version(key, v) for v in self.store.versions(key)]
+                try:
+                    kept = [self.store.get_version(key, v) for v in self.store.versions(key)]
+                except StoreDown:
+                    self.metrics.store_errors.labels(operation="versions").inc()
+                    kept = [current]
                 rows.append((current, [p for p in kept if p is not None]))
         return rows
 

@@ -32,6 +32,24 @@ def jpeg_with_app_segments(segments: int, marker: int = 0xEF) -> bytes:
     return raw[:2] + bytes((0xFF, marker, 0x00, 0x02)) * segments + raw[2:]
 
 
+def progressive_jpeg_with_scans(side: int, scans: int) -> bytes:
+    """A progressive ``side``² JPEG (libjpeg's 10 scans) with empty start-of-scan markers
+    added before its end to make ``scans`` in all (256 at 4096²: the probe's 7.5 s)."""
+    buffer = io.BytesIO()
+    Image.effect_noise((side, side), 40).convert("RGB").save(
+        buffer, format="JPEG", progressive=True, quality=50
+    )
+    raw = buffer.getvalue()
+    extra = max(scans - raw.count(b"\xff\xda"), 0)
+    return raw[:-2] + b"\xff\xda\x00\x02" * extra + raw[-2:]
+
+
+def png_with_icc_profiles(count: int, inflated: int = 1024 * 1024) -> bytes:
+    """A 32x32 PNG with ``count`` iCCP chunks, each about 1 KB that inflates to ``inflated``
+    bytes (7,936 of them: the probe's 8 MB PNG that took 17.7 s)."""
+    return png_with_chunks(b"iCCP", b"icc\x00\x00" + zlib.compress(bytes(inflated), 9), count)
+
+
 def png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 

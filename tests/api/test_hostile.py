@@ -28,6 +28,7 @@ from tests.api.hostile_inputs import (
     ICO,
     PDF,
     PNG_RAW,
+    RED,
     SVG,
     TIFF,
     Case,
@@ -58,6 +59,9 @@ CASES: dict[str, Case] = {
     "eps-never-reaches-ghostscript": Case(415, "unsupported_image_format", images(GOOD, EPS)),
     "tiff-not-in-allowlist": Case(415, "unsupported_image_format", images(GOOD, TIFF)),
     "ico": Case(415, "unsupported_image_format", images(GOOD, ICO)),
+    "ppm": Case(415, "unsupported_image_format", images(GOOD, enc(RED, "PPM"))),
+    "pcx": Case(415, "unsupported_image_format", images(GOOD, enc(RED, "PCX"))),
+    "tga": Case(415, "unsupported_image_format", images(GOOD, enc(RED, "TGA"))),
     "decompression-bomb-png": Case(413, "image_too_large", images(GOOD, BOMB)),
     "bomb-gif-screen": Case(413, "image_too_large", images(GOOD, b64(huge_gif_screen()))),
     "pixel-budget": Case(
@@ -102,6 +106,17 @@ CASES: dict[str, Case] = {
         422,
         "unsupported_image",
         images(GOOD, b64(hostile.small_image("JPEG") + b"\xff\xda\x00\x02" * 300)),
+    ),
+    "jpeg-progressive-230-scans-of-1100px": Case(
+        422,
+        "unsupported_image",
+        images(GOOD, b64(hostile.progressive_jpeg_with_scans(1100, 230))),
+    ),
+    "png-two-icc-profiles": Case(
+        422, "unsupported_image", images(GOOD, b64(hostile.png_with_icc_profiles(2)))
+    ),
+    "png-one-icc-profile-is-200": Case(
+        200, None, images(GOOD, b64(hostile.png_with_icc_profiles(1, 1000)))
     ),
     "png-100k-empty-chunks": Case(
         422, "unsupported_image", images(GOOD, b64(hostile.png_with_chunks(b"prVt", b"", 100_000)))
@@ -171,6 +186,22 @@ CASES: dict[str, Case] = {
         "invalid_request",
         raw_body(b'{"query": "x", "images": [' + b",".join([b"1"] * 150_000) + b"]}"),
     ),
+    "json-duplicate-key": Case(
+        422,
+        "invalid_request",
+        raw_body(
+            b'{"query": "x", "images": ["%s", "%s"], "method": "vanilla", "method": "agd"}'
+            % (GOOD.encode(), GOOD.encode())
+        ),
+    ),
+    "json-duplicate-key-escaped": Case(
+        422,
+        "invalid_request",
+        raw_body(
+            b'{"query": "x", "images": ["%s", "%s"], "method": "vanilla", "\\u006dethod": "agd"}'
+            % (GOOD.encode(), GOOD.encode())
+        ),
+    ),
     "json-unterminated-string": Case(
         422, "invalid_request", raw_body(b'{"query": "' + b"x" * 10**6)
     ),
@@ -228,6 +259,11 @@ CASES: dict[str, Case] = {
     "label-special-token": Case(
         422, "invalid_labels", retrieve(labels=["<|image_pad|>", "b", "c"])
     ),
+    "label-newline": Case(422, "invalid_labels", retrieve(labels=["a\nb", "b", "c"])),
+    "label-tab": Case(422, "invalid_labels", retrieve(labels=["a\tb", "b", "c"])),
+    "label-bidi-override": Case(422, "invalid_labels", retrieve(labels=["\u202eabc", "b", "c"])),
+    "label-bidi-isolate": Case(422, "invalid_labels", retrieve(labels=["a\u2066b", "b", "c"])),
+    "label-c1-control": Case(422, "invalid_labels", retrieve(labels=["a\x85b", "b", "c"])),
     "label-blank": Case(422, "invalid_labels", retrieve(labels=["a", " ", "c"])),
     "labels-not-strings": Case(422, "invalid_request", retrieve(labels=[1, 2, 3])),
     "n-larger-than-scheme": Case(

@@ -213,6 +213,30 @@ def test_starts_with_redis_down_and_recovers_without_a_restart(
     }
 
 
+def test_profile_reads_answer_from_the_replica_while_redis_is_down(
+    make_client, redis_server, calibrate_json, redis_prefix
+):
+    """GET /v1/profiles[/{name}] read what the replica holds, as retrieve does (issue 29);
+    only the kept versions need the store, so the detail lists the current one."""
+    redis_server.start()
+    client = make_client(
+        store_url=redis_server.url, store_key_prefix=redis_prefix, store_poll_s=0.5
+    )
+    for _ in range(2):
+        assert client.post("/v1/calibrate", json=calibrate_json).is_success
+    assert len(client.get("/v1/profiles/default").json()["entries"][0]["versions"]) == 2
+    redis_server.kill()
+    detail, seconds = _timed(lambda: client.get("/v1/profiles/default"))
+    assert detail.status_code == 200, detail.text
+    (entry,) = detail.json()["entries"]
+    assert entry["current_version"] == 2 and [v["version"] for v in entry["versions"]] == [2]
+    assert seconds < 3.0, seconds
+    listed = client.get("/v1/profiles")
+    assert listed.status_code == 200 and listed.json()["profiles"][0]["name"] == "default"
+    assert client.get("/v1/profiles/nobody").status_code == 404
+    _admin_is_503_fast(client)
+
+
 def test_redis_restarted_empty_never_reuses_a_version(
     make_client, redis_server, items, calibrate_json, redis_prefix
 ):

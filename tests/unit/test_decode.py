@@ -168,6 +168,14 @@ def test_formats_outside_the_allowlist_are_refused_by_name() -> None:
         _one(_decoder(image_formats="JPEG,PNG"), _encode(Image.new("RGB", (8, 8)), "GIF"))
 
 
+@pytest.mark.parametrize("fmt", ["PPM", "PCX", "TGA"])
+def test_formats_pillow_names_by_header_are_415_not_400(fmt: str) -> None:
+    """The docs promise 415 for a format outside LAD_IMAGE_FORMATS; TGA has no signature."""
+    raw = _encode(Image.new("RGB", (8, 8), "red"), fmt)
+    with pytest.raises(errors.UnsupportedImageFormat, match=fmt):
+        _one(_decoder(), raw)
+
+
 @pytest.mark.parametrize(
     "raw",
     [
@@ -326,3 +334,26 @@ def test_header_bounds_refuse_past_the_limit_not_before() -> None:
             check_header(raw, name)
     with pytest.raises(errors.UnsupportedImage):  # through the decoder, before Pillow
         _one(_decoder(), refused["app15"])
+
+
+def test_progressive_jpeg_scans_times_pixels_is_bounded() -> None:
+    """256 scans are within MAX_JPEG_SCANS, but not over a large image (issue 29)."""
+    side = 1100  # 1.21 M pixels: 221 scans fit the product, 222 do not
+    fits = image_headers.MAX_JPEG_SCAN_PIXELS // (side * side)
+    check_header(hostile.progressive_jpeg_with_scans(side, fits), "x")
+    check_header(hostile.progressive_jpeg_with_scans(64, 256), "x")  # small: many scans fine
+    raw = hostile.progressive_jpeg_with_scans(side, fits + 1)
+    with pytest.raises(errors.UnsupportedImage, match="MAX_JPEG_SCAN_PIXELS"):
+        _one(_decoder(), raw)
+
+
+def test_one_icc_profile_per_png_and_compressed_chunks_are_bounded() -> None:
+    check_header(hostile.png_with_icc_profiles(1), "x")
+    assert _one(_decoder(), hostile.png_with_icc_profiles(1, 1000)).size == (32, 32)
+    with pytest.raises(errors.UnsupportedImage, match="MAX_PNG_ICC_PROFILES"):
+        _one(_decoder(), hostile.png_with_icc_profiles(2))
+    big = hostile.png_with_chunks(
+        b"zTXt", b"k\0\0" + bytes(image_headers.MAX_PNG_COMPRESSED_CHUNK_BYTES), 1
+    )
+    with pytest.raises(errors.UnsupportedImage, match="MAX_PNG_COMPRESSED_CHUNK_BYTES"):
+        check_header(big, "x")

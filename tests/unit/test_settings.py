@@ -148,7 +148,7 @@ def test_limits_are_bounded() -> None:
         ("::", None, False, True),
         ("10.1.2.3", None, False, True),
         ("example.org", None, False, True),
-        ("0.0.0.0", "s3cret", False, False),
+        ("0.0.0.0", "s3cret-0123456789abcdef", False, False),
         ("0.0.0.0", None, True, False),
         ("0.0.0.0", "  ", False, True),
     ],
@@ -159,3 +159,22 @@ def test_open_admin_routes_are_refused_off_loopback(host, token, opt_out, refuse
     assert (problem is not None) is refused
     if refused:
         assert "LAD_ADMIN_TOKEN" in problem and "LAD_ALLOW_OPEN_ADMIN" in problem
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "opt_out", "refused"),
+    [
+        ("0.0.0.0", "x", False, True),
+        ("0.0.0.0", "x", True, True),  # the opt-out is for no token, not a guessable one
+        ("0.0.0.0", "a" * 15, False, True),
+        ("0.0.0.0", "a" * 16, False, False),
+        ("127.0.0.1", "x", False, False),  # loopback: as without a token
+    ],
+)
+def test_a_short_admin_token_is_refused_off_loopback(host, token, opt_out, refused) -> None:
+    settings = _settings(host=host, admin_token=token, allow_open_admin=opt_out)
+    problem = settings.exposure_problem()
+    assert (problem is not None) is refused
+    if refused:
+        assert "LAD_MIN_ADMIN_TOKEN_CHARS=16" in problem
+        assert f"of {len(token)} characters" in problem

@@ -46,6 +46,7 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("drain_timeout_s", "on SIGTERM, requests still running after it are cancelled"),
     ("admin_token", "401 `unauthorized` / 403 `forbidden` on calibrate, delete, rollback"),
     ("allow_open_admin", "`lad serve` refuses a non-loopback bind without LAD_ADMIN_TOKEN"),
+    ("min_admin_token_chars", "`lad serve` refuses a non-loopback bind with a shorter token"),
 )
 """(setting, what the client gets past it), in the order the page lists them."""
 
