@@ -69,7 +69,7 @@ class ProfileStore(Protocol):
     def delete(self, key: ProfileKey) -> bool: ...
     def rollback(self, key: ProfileKey, to_version: int | None = None) -> Profile: ...
     def health(self) -> dict[str, Any]: ...
-    def check_writes(self) -> bool | None: ...
+    def check_writes(self, force: bool = False) -> bool | None: ...
     def close(self) -> None: ...
 
 
@@ -88,11 +88,12 @@ class WriteHealth:
             self.last_error = None if error is None else one_line(error)
             self._at = time.monotonic()
 
-    def probe(self, write: Callable[[], Any]) -> bool | None:
+    def probe(self, write: Callable[[], Any], force: bool = False) -> bool | None:
         """Run ``write`` (tiny, leaving nothing behind) unless an outcome was recorded in the
-        last WRITE_PROBE_EVERY_S; record and return its outcome (None: not due, nothing ran)."""
+        last WRITE_PROBE_EVERY_S (``force``: run it anyway, as before an admin write);
+        record and return its outcome (None: not due, nothing ran)."""
         with self._lock:
-            if time.monotonic() - self._at < WRITE_PROBE_EVERY_S:
+            if not force and time.monotonic() - self._at < WRITE_PROBE_EVERY_S:
                 return None
             self._at = time.monotonic()  # one probe at a time, however many readiness calls
         try:

@@ -25,12 +25,15 @@ it sends plays no part).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
@@ -282,6 +285,25 @@ class MemoryOnlineStore:
             self._evidence.pop(rid)
             self._done.pop(rid, None)
 
+    @contextlib.contextmanager
+    def _saving(self, kid: str, request_id: str | None = None) -> Iterator[None]:
+        """A change of one key's statistics (made inside, under the lock, ending in
+        ``_save``) that is kept only if it was saved: on a failed save the key's tables
+        are put back as they were, so a client told 503 has not been counted and its
+        retry counts once."""
+        before = [copy.deepcopy(table.get(kid)) for table in (self._fb, self._held, self._ul)]
+        try:
+            yield
+        except BaseException:
+            for table, old in zip((self._fb, self._held, self._ul), before, strict=True):
+                if old is None:
+                    table.pop(kid, None)
+                else:
+                    table[kid] = old
+            if request_id is not None:
+                self._done.pop(request_id, None)
+            raise
+
     @staticmethod
     def _add(h: dict[str, Any], inc: dict[str, float]) -> None:
         for name, value in inc.items():
@@ -318,20 +340,23 @@ class MemoryOnlineStore:
                 return FeedbackResult(DUPLICATE, evidence, self._done[request_id][1])
             if not profile_exists:
                 return FeedbackResult(PROFILE_GONE, evidence)
-            self._done[request_id] = (now, answer)
             kid = key_id(evidence.key)
-            fb = self._fb.setdefault(kid, {})
-            held = evidence.held_out
-            if held:
-                record = json.dumps({"s": evidence.scores, "a": evidence.attention, "t": answer})
-                self._held[kid] = [record, *self._held.get(kid, [])][: self.holdout_max]
-                self._add(fb, {"holdout": 1})
-            else:
-                self._add(fb, feedback_increments(evidence, answer))
-            self._add(fb, {"count": 1, "since_refresh": 1})
-            fb.setdefault("first_at", now)
-            fb["last_at"] = now
-            self._save()
+            with self._saving(kid, request_id):
+                self._done[request_id] = (now, answer)
+                fb = self._fb.setdefault(kid, {})
+                held = evidence.held_out
+                if held:
+                    record = json.dumps(
+                        {"s": evidence.scores, "a": evidence.attention, "t": answer}
+                    )
+                    self._held[kid] = [record, *self._held.get(kid, [])][: self.holdout_max]
+                    self._add(fb, {"holdout": 1})
+                else:
+                    self._add(fb, feedback_increments(evidence, answer))
+                self._add(fb, {"count": 1, "since_refresh": 1})
+                fb.setdefault("first_at", now)
+                fb["last_at"] = now
+                self._save()
             return FeedbackResult(COUNTED, evidence, answer, held, int(fb["since_refresh"]))
 
     def snapshot(self, key: ProfileKey, layers: int) -> FeedbackSnapshot:
@@ -346,24 +371,27 @@ class MemoryOnlineStore:
             )
 
     def claim_refresh(self, key: ProfileKey, every: int) -> bool:
+        kid = key_id(key)
         with self._lock:
-            fb = self._fb.get(key_id(key), {})
+            fb = self._fb.get(kid, {})
             if every < 1 or fb.get("since_refresh", 0) < every:
                 return False
-            fb["since_refresh"] = 0
-            self._save()
+            with self._saving(kid):
+                fb["since_refresh"] = 0
+                self._save()
             return True
 
     def record_refresh(self, key: ProfileKey, decision: dict[str, Any]) -> None:
-        with self._lock:
-            fb = self._fb.setdefault(key_id(key), {})
+        kid = key_id(key)
+        with self._lock, self._saving(kid):
+            fb = self._fb.setdefault(kid, {})
             fb["last_refresh"] = json.dumps(decision, allow_nan=False)
             fb["since_refresh"] = 0
             self._save()
 
     def reset(self, key: ProfileKey) -> None:
         kid = key_id(key)
-        with self._lock:
+        with self._lock, self._saving(kid):
             for table in (self._fb, self._held, self._ul):
                 table.pop(kid, None)
             self._save()

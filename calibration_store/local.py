@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from calibration_store.base import (
     DEFAULT_KEEP_VERSIONS,
@@ -173,7 +173,7 @@ class MemoryProfileStore:
             live = sum(e.live for e in self._entries.values())
             return {"backend": self.backend, "ok": True, "profiles": live, "writes": "ok"}
 
-    def check_writes(self) -> bool | None:
+    def check_writes(self, force: bool = False) -> bool | None:
         """Memory always takes writes: nothing to probe."""
         return None
 
@@ -281,17 +281,33 @@ class FileProfileStore(MemoryProfileStore):
         self.root = Path(root).expanduser().resolve()
         self._errors: list[str] = []
         self.writes = WriteHealth()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(self.root / ".lock", "a+b")  # noqa: SIM115 (held until close)
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot open profile directory {self.root}: {exc}") from exc
+        self._lock_file = self._open(self.root)
         with self._exclusive():
             self._load_all()
+
+    def _open(self, root: Path) -> BinaryIO | None:
+        """The directory's lock file. A directory that can be read but not written (a
+        read-only mount, a ConfigMap) opens too: its profiles are served and every write
+        is refused (``writes: failing``); only one that cannot be read is unavailable."""
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            return open(root / ".lock", "a+b")
+        except OSError as exc:
+            if not (root.is_dir() and os.access(root, os.R_OK | os.X_OK)):
+                raise StoreUnavailable(f"cannot open profile directory {root}: {exc}") from exc
+            log.warning("profile directory %s is read-only (%s): serving what it holds", root, exc)
+            self.writes.record(exc)
+        try:  # flock needs no write access: writers elsewhere are still excluded
+            return open(root / ".lock", "rb")
+        except OSError:
+            return None
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         with self._lock:
+            if self._lock_file is None:  # read-only without a lock file: nobody writes here
+                yield
+                return
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -302,7 +318,8 @@ class FileProfileStore(MemoryProfileStore):
         """Read every document; leftovers of crashed writes are removed, a multi-key write
         that did not finish is undone, bad files reported."""
         for tmp in self.root.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only directory keeps them
+                tmp.unlink(missing_ok=True)
         for journal in sorted(self.root.glob(f"*{_UNDO_SUFFIX}")):
             self._undo(journal)
         for path in sorted(self.root.glob("*.json")):
@@ -377,7 +394,7 @@ class FileProfileStore(MemoryProfileStore):
             log.error("%s", msg)
             self._errors.append(msg)
 
-    def check_writes(self) -> bool | None:
+    def check_writes(self, force: bool = False) -> bool | None:
         """A one-byte file created and removed in the directory (what a full disk or a
         read-only mount refuses), unless a write's outcome was recorded lately."""
 
@@ -389,7 +406,7 @@ class FileProfileStore(MemoryProfileStore):
                 os.close(fd)
                 os.unlink(tmp)
 
-        return self.writes.probe(probe)
+        return self.writes.probe(probe, force)
 
     def health(self) -> dict[str, Any]:
         with self._lock:
@@ -406,5 +423,5 @@ class FileProfileStore(MemoryProfileStore):
 
     def close(self) -> None:
         with self._lock:
-            if not self._lock_file.closed:
+            if self._lock_file is not None and not self._lock_file.closed:
                 self._lock_file.close()

@@ -415,11 +415,11 @@ class RedisProfileStore:
             "key_prefix": self.prefix,
         }
 
-    def check_writes(self) -> bool | None:
+    def check_writes(self, force: bool = False) -> bool | None:
         """A short-lived key set (what maxmemory with noeviction, a read-only replica or
         min-replicas-to-write refuse), unless a write's outcome was recorded lately."""
         name = f"{self.prefix}:probe:{self.instance_id}"
-        return self.writes.probe(lambda: self._client.set(name, "1", px=30_000))
+        return self.writes.probe(lambda: self._client.set(name, "1", px=30_000), force)
 
     def close(self) -> None:
         self.stop_listener()

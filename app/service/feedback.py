@@ -90,8 +90,14 @@ class OnlineService:
         attention: Any,
     ) -> None:
         """Keep a retrieval's evidence for feedback. Never fails the retrieval: a store that
-        cannot take it is logged (that request just cannot receive feedback)."""
+        cannot take it is logged (that request just cannot receive feedback).
+
+        Only for a profile that exists (the replica's copy, no store call): a client may
+        name any (profile, labels, N) on a vanilla retrieve, and statistics kept per name
+        it invents would grow without bound (feedback on them is refused anyway)."""
         if request_id is None or time.monotonic() < self._skip_until:
+            return
+        if self.profiles.store.get(key) is None:
             return
         try:
             evidence = Evidence.of(key, version, scores, attention)

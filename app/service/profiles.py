@@ -109,6 +109,23 @@ class ProfileService:
                 self.metrics.store_errors.labels(operation=operation).inc()
             raise errors.translate(exc) or errors.StoreUnavailable(str(exc)) from exc
 
+    async def check_writable(self) -> None:
+        """503 ``store_unavailable`` now when the store refuses writes (its latest write or
+        a fresh probe failed), before an admin write computes anything: under Redis
+        ``maxmemory`` a calibration computed for 9-44 s and only then learned it."""
+        if await run_in_threadpool(self._writes_failing):
+            self.metrics.store_errors.labels(operation="write_check").inc()
+            raise errors.StoreUnavailable(
+                "the calibration store refuses writes (read-only, full, or at its memory "
+                "limit); nothing was computed: retry once it takes writes again"
+            )
+
+    def _writes_failing(self) -> bool:
+        try:  # a real write to come: probe now (a recovered store is seen at once)
+            return self.store.check_writes(force=True) is False
+        except StoreError:
+            return True
+
     async def put(self, profile: Profile) -> Profile:
         return await self.call("put", self.store.put, profile)
 

@@ -1,7 +1,8 @@
 """The model worker: one queue, one thread, dynamic batches through the runner.
 
 Everything that reaches the model goes through ``ModelWorker.run``: retrieval instances
-and calibration instances alike, so calibration shares the model fairly with traffic.
+and calibration instances alike, so calibration shares the model fairly with traffic;
+admin work (calibrations) holds at most one wave of the queue, however many run at once.
 """
 
 from __future__ import annotations
@@ -60,8 +61,14 @@ class ModelWorker:
             name="lad-model-worker",
         )
         self._batch_ids = itertools.count(1)
+        self._bulk_turn = asyncio.Lock()  # one wave of admin work in the queue at a time
         self.shadow = ShadowSampler(runner, metrics, settings.overhead_sample_rate)
         metrics.watch_queue(lambda: self.batcher.depth, settings.max_queue)
+
+    @property
+    def bulk_wave(self) -> int:
+        """Instances of admin work queued at once: one batch, at most half the queue."""
+        return max(1, min(self.batcher.max_batch_size, self.batcher.max_queue // 2))
 
     @property
     def running(self) -> bool:
@@ -108,16 +115,20 @@ class ModelWorker:
         A request's works are admitted all or none (429 when the queue has no room for all
         of them), and when one fails the rest are cancelled, so a refused request costs no
         forward pass. Bulk work (calibration) goes in waves of one batch that wait for room,
-        so that it leaves room for retrieval traffic. A failure inside the model becomes
-        ``EngineFailure`` (details in the log, not in the answer).
+        so that it leaves room for retrieval traffic: however many calibrations and refreshes
+        run at once, only one wave of them is queued at any moment (they take turns, in
+        order), and a wave is at most half the queue, so a retrieve is never refused for
+        admin work. A failure inside the model becomes ``EngineFailure`` (details in the
+        log, not in the answer).
         """
         try:
             if not bulk:
                 return await _gather(self.batcher.submit_many(works))
             out: list[WorkResult] = []
-            wave = self.batcher.max_batch_size
+            wave = self.bulk_wave
             for start in range(0, len(works), wave):
-                out += await _gather(await self._admit(works[start : start + wave]))
+                async with self._bulk_turn:
+                    out += await _gather(await self._admit(works[start : start + wave]))
             return out
         except (QueueFull, BatcherStopped, errors.ServiceError):
             raise

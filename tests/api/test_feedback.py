@@ -12,6 +12,7 @@ import pytest
 from app.engine.calibrate import CalibrationStats
 from calibration_store import Evidence, Profile, open_store
 from tests.api.helpers import metric_value, retrieve_body
+from tests.integration.calibration_store.stores import read_only
 
 ADMIN, RETRIEVE = "admin-secret-token-123", "retrieve-secret-token-456"
 
@@ -335,3 +336,64 @@ def test_file_backend_keeps_feedback_across_a_restart(make_client, items, calibr
     assert online["feedback"] == 1 and online["served_requests"] == 1
     r = second.post("/v1/feedback", json={"request_id": rid, "answer": 1})
     assert r.status_code == 404  # the evidence itself is short-lived: not persisted
+
+
+def test_a_stream_of_invented_profile_names_keeps_no_state(
+    make_client, items, calibrate_json, tmp_path
+):
+    """Issue 29: every vanilla retrieve naming a fresh (profile, labels, N) kept unlabelled
+    statistics forever (memory, a Redis hash, the file store's state file). Only profiles
+    that exist keep them now."""
+    client = _calibrated(make_client, calibrate_json, store_url=str(tmp_path))
+    served = client.post("/v1/retrieve", json=retrieve_body(items[0]))
+    assert served.status_code == 200
+    state = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "online" in p.name)
+    before = {p: p.read_bytes() for p in state}
+    ids = []
+    for i in range(40):
+        body = retrieve_body(items[i % len(items)], method="vanilla", profile=f"fresh-{i}")
+        r = client.post("/v1/retrieve", json=body)
+        assert r.status_code == 200, r.text
+        ids.append(r.json()["request_id"])
+    online = client.app.state.service.online.online
+    assert all("fresh-" not in kid for kid in online._ul), list(online._ul)[:3]
+    assert {p: p.read_bytes() for p in state} == before  # the state file did not grow
+    assert b"fresh-" not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    refused = client.post("/v1/feedback", json={"request_id": ids[0], "answer": 0})
+    assert refused.status_code == 404  # no evidence was kept for an invented name
+    # an existing profile still counts its served requests, vanilla ones included
+    vanilla = client.post("/v1/retrieve", json=retrieve_body(items[1], method="vanilla"))
+    assert vanilla.status_code == 200
+    online_block = client.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert online_block["served_requests"] == 2
+
+
+def test_a_read_only_store_serves_refuses_writes_and_never_half_counts(
+    make_client, items, calibrate_json, tmp_path
+):
+    """Issue 29: a file store on a read-only mount serves what it holds (main: did not
+    start), readiness is degraded with ``writes: failing``, a calibration is refused before
+    it computes, and feedback refused with 503 is not counted (main: the retry answered
+    ``counted: false``)."""
+    first = _calibrated(make_client, calibrate_json, store_url=str(tmp_path))
+    first.__exit__(None, None, None)
+    with read_only(tmp_path):
+        client = make_client(store_url=str(tmp_path))
+        ready = client.get("/readyz").json()
+        assert ready["status"] == "degraded" and ready["store"]["writes"] == "failing"
+        served = client.post("/v1/retrieve", json=retrieve_body(items[1]))
+        assert served.status_code == 200 and served.json()["profile"]["version"] == 1
+        assert client.get("/v1/profiles/default").status_code == 200
+        start = time.monotonic()
+        refused = client.post("/v1/calibrate", json=calibrate_json)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "store_unavailable"
+        assert time.monotonic() - start < 2.0  # refused before the forward passes
+        assert client.delete("/v1/profiles/default", params={"n": 3}).status_code == 503
+        rid2 = _retrieve(client, items[2])
+        fb = client.post("/v1/feedback", json={"request_id": rid2, "answer": 1})
+        assert fb.status_code == 503, fb.text
+    retry = client.post("/v1/feedback", json={"request_id": rid2, "answer": 1})
+    assert retry.status_code == 200 and retry.json()["counted"] is True
+    online = client.get("/v1/profiles/default").json()["entries"][0]["online"]
+    assert online["feedback"] == 1

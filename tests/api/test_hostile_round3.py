@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from app import errors
 from app.api import bodies
 from app.logs import MAX_LOG_LINE_BYTES, JsonFormatter, TextFormatter
-from tests.api.helpers import metric_value
+from tests.api.helpers import metric_value, retrieve_body
 
 LONG = "M" * 60_000
 
@@ -93,3 +95,24 @@ def test_a_log_line_is_bounded_whatever_it_echoes(formatter: logging.Formatter) 
         assert parsed["message"].startswith("MMM") and parsed["message"].endswith("…")
     short = formatter.format(_record("GET /x 200", http_method=LONG))
     assert len(short) < 600 and "…" in short
+
+
+@pytest.mark.slow
+def test_a_calibration_storm_leaves_every_retrieve_answered(
+    make_client, items, calibrate_json
+) -> None:
+    """Issue 29: twenty concurrent calibrations filled the one queue and a retrieve sent
+    meanwhile got 429. Admin work now holds one wave (at most half the queue) at a time."""
+    client = make_client(max_queue=8, max_batch_size=4)
+    storm, retrieves = 10, []
+    with ThreadPoolExecutor(storm + 1) as pool:
+        calibrations = [
+            pool.submit(client.post, "/v1/calibrate", json=calibrate_json) for _ in range(storm)
+        ]
+        time.sleep(0.3)  # the storm's first waves are queued
+        while not all(c.done() for c in calibrations):
+            body = retrieve_body(items[len(retrieves) % len(items)], method="vanilla")
+            retrieves.append(client.post("/v1/retrieve", json=body).status_code)
+        versions = sorted(c.result().json()["version"] for c in calibrations)
+    assert versions == list(range(1, storm + 1))  # every calibration succeeded, unique versions
+    assert len(retrieves) >= 3 and set(retrieves) == {200}, retrieves

@@ -113,6 +113,7 @@ def build_profile(
 
 async def _calibrate(p: Pipeline, request: CalibrateRequest, t0: float) -> CalibrateResponse:
     logs.note(profile=request.profile)
+    await p.profiles.check_writable()  # before seconds of forward passes, not after
     several = request.n is not None  # several N from the same examples (design §2.9)
     labels = _requested_n(p, request) if several else _common_n(p, request)
     sizes = sorted(labels)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from calibration_store import (
     Profile,
@@ -49,3 +54,24 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 2.0) -> float:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(0.01)
     return time.monotonic() - start
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` read-only while inside, as a read-only mount or a ConfigMap is: a bind mount
+    remounted read-only as root (root writes through file modes), mode 0555 otherwise."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555)
+        try:
+            yield
+        finally:
+            os.chmod(path, 0o755)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("root without mount: cannot make a read-only directory here")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)  # lazy: open files
