@@ -40,6 +40,7 @@ import numpy as np
 from PIL import Image
 
 from app import errors
+from app.budget import PIXEL_BYTES, ByteBudget
 from app.engine.labels import Labels
 from app.image_headers import check_header
 from app.settings import Settings
@@ -254,6 +255,7 @@ class Decoder:
         self.formats = tuple(settings.image_formats)
         tokens = sorted({t for t in special_tokens if t}, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+        self.budget = ByteBudget(settings.max_inflight_bytes)  # shared with the body guard
         self._slots: asyncio.Semaphore | None = None
         self._threads: ThreadPoolExecutor | None = None
 
@@ -282,6 +284,7 @@ class Decoder:
         if timings is not None:
             timings["base64"] = (time.perf_counter() - start) * 1e3
         probes: list[_Probe] = []
+        held = 0
         try:
             for i, raw in enumerate(raws):
                 probes.append(self._probe(raw, f"{where}[{i}]"))
@@ -291,7 +294,12 @@ class Decoder:
                     f"{where} would decode to {total} pixels; the limit is "
                     f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
                 )
-            if len(probes) > 1 and self.settings.decode_threads > 1 and total > THREADED_PIXELS:
+            # the pixels decoded at once: all of them on the threads, else the largest
+            threaded = len(probes) > 1 and self.settings.decode_threads > 1
+            threaded = threaded and total > THREADED_PIXELS
+            at_once = total if threaded else max(p.decoded_pixels for p in probes)
+            held = self.budget.reserve(at_once * PIXEL_BYTES, f"decoding {where}")
+            if threaded:
                 pending = [self._decode_threads().submit(self._decode_one, p) for p in probes]
                 wait(pending)  # all settled before an error closes what is still open
                 decoded = [future.result() for future in pending]
@@ -300,6 +308,7 @@ class Decoder:
             probes.clear()
             return decoded
         finally:  # on an error: release everything opened so far
+            self.budget.release(held)
             for probe in probes:
                 probe.image.close()
             if sum(map(len, raws)) >= TRIM_AFTER_BYTES:

@@ -231,8 +231,9 @@ class RefreshUnavailable(ServiceError):
 class Overloaded(ServiceError):
     code, status = "overloaded", 429
     meaning = (
-        "the queue has no room for the request's forward passes, or LAD_MAX_IN_FLIGHT "
-        "requests are being handled; retry after Retry-After"
+        "the queue has no room for the request's forward passes, LAD_MAX_IN_FLIGHT "
+        "requests are being handled, or LAD_MAX_INFLIGHT_BYTES are held; retry after "
+        "Retry-After"
     )
 
     def __init__(self, message: str, retry_after_s: int) -> None:

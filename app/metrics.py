@@ -241,6 +241,16 @@ class Metrics:
         )
         if max_queue is not None:
             self.queue_capacity.set(max_queue)
+        self.inflight_bytes = Gauge(
+            "lad_inflight_bytes",
+            "Bytes the requests in flight hold by the in-flight budget (bodies, decoded pixels)",
+            registry=r,
+        )
+        self.inflight_bytes_capacity = Gauge(
+            "lad_inflight_bytes_capacity",
+            "The replica's in-flight byte budget (LAD_MAX_INFLIGHT_BYTES)",
+            registry=r,
+        )
         self.store_errors = Counter(
             "lad_store_errors", "Calibration store errors", ["operation"], registry=r
         )
@@ -334,6 +344,10 @@ class Metrics:
     def watch_queue(self, depth: Callable[[], int], capacity: int) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
         self.queue_capacity.set(capacity)
+
+    def watch_inflight_bytes(self, used: Callable[[], int], capacity: int) -> None:
+        self.inflight_bytes.set_function(lambda: float(used()))
+        self.inflight_bytes_capacity.set(capacity)
 
     def watch_store(self, health: Callable[[], dict[str, Any]]) -> None:
         """``lad_store_degraded`` and ``lad_store_writes_failing`` from the store's own health

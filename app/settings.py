@@ -145,6 +145,12 @@ class Settings(BaseSettings):
         description=f"accepted image formats, a subset of "
         f"{', '.join(ALLOWED_IMAGE_FORMATS)}; anything else is refused with 415",
     )
+    max_inflight_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes all requests in flight may hold together: bodies (3 x their size) "
+        "and decoded pixels; past it a request waits, then 429 `overloaded`",
+    )
     max_concurrent_decodes: int = Field(
         2, ge=1, description="requests decoding images at once (bounds decode memory)"
     )

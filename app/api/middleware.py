@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
+from app.budget import BODY_COPIES, OWN_BYTES, ByteBudget
 from app.settings import Settings
 from lad_client.routes import SMALL_BODY_BYTES, find
 
@@ -188,13 +189,23 @@ class BodyGuardMiddleware:
                 scope, receive, send
             )
             return
+        budget = _budget(scope)
+        declared = int(length) if length is not None and length.isdigit() else None
+        held = 0
+        if budget is not None and declared is not None and declared > SMALL_BODY_BYTES:
+            try:  # before the body is read: a waiting body stays in the socket
+                held = await budget.areserve(declared * BODY_COPIES, "the request body")
+            except errors.Overloaded as refused:
+                request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
+                await errors.error_response(refused, request_id)(scope, receive, send)
+                return
         timeout = self.settings.read_timeout_s
         deadline = time.monotonic() + timeout
         received = 0
         finished = False
 
         async def guarded_receive() -> Message:
-            nonlocal received, finished
+            nonlocal received, finished, held
             if finished:  # after the body: waiting for a disconnect is not bounded
                 return await receive()
             try:
@@ -202,13 +213,29 @@ class BodyGuardMiddleware:
             except TimeoutError:
                 raise BodyTimeout(timeout) from None
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                chunk = len(message.get("body", b""))
+                received += chunk
                 if received > limit:
                     raise BodyTooLarge(limit, setting)
                 finished = not message.get("more_body", False)
+                if budget is not None and declared is None and received > SMALL_BODY_BYTES:
+                    held += await budget.areserve(chunk * BODY_COPIES, "the request body")
+                    OWN_BYTES.set(held)
             else:  # the client left before the end of its body
                 finished = True
                 raise ClientDisconnect()
             return message
 
-        await self.app(scope, guarded_receive, send)
+        own = OWN_BYTES.set(held)  # the request's pixels may run beside its own body
+        try:
+            await self.app(scope, guarded_receive, send)
+        finally:
+            OWN_BYTES.reset(own)
+            if budget is not None:
+                budget.release(held)
+
+
+def _budget(scope: Scope) -> ByteBudget | None:
+    """The replica's in-flight byte budget (None before the service started)."""
+    service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+    return getattr(service, "budget", None)

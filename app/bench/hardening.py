@@ -8,12 +8,16 @@ multipart bodies with an oversized boundary or no closing boundary. For each: th
 the time to answer, the process's peak resident memory above idle, what is still held a
 few seconds later, the slowest ``/healthz`` answered meanwhile (the event loop's
 responsiveness), and the bytes the request added to the log. Prints a table and writes
-JSON under bench/results/.
+JSON under bench/results/. ``--round 29`` sends issue 29's classes instead: three
+maximal retrieves at once (the replica's byte budget), progressive JPEGs of 256 scans, a
+PNG of 7,936 iCCP chunks, a 60 KB HTTP method, and a storm of 20 calibrations with
+retrieves sent meanwhile.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import threading
 import time
@@ -22,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from PIL import Image
 
 from app.bench.live import PeakRSS, Served
 from app.bench.results import write_record
@@ -92,6 +97,79 @@ def cases(segments: int, keys: int) -> dict[str, tuple[Send, int]]:
     }
 
 
+def maximal_retrieve_body(images: int = 6) -> bytes:
+    """A retrieve as large as the default limits allow: ``images`` 4096² noise JPEGs of
+    7.7 MiB each (LAD_MAX_IMAGE_BYTES is 8 MiB), about 65 MB of JSON (LAD_MAX_BODY_BYTES:
+    64 MiB)."""
+    buffer = io.BytesIO()
+    Image.effect_noise((4096, 4096), 40).convert("RGB").save(buffer, format="JPEG", quality=80)
+    image = base64.b64encode(buffer.getvalue()).decode()
+    body = {"query": "a red square", "method": "vanilla", "images": [image] * images}
+    return json.dumps(body).encode()
+
+
+def _method(method: str) -> Send:
+    def send(url: str) -> int:
+        return httpx.request(method, f"{url}/v1/profiles/default", timeout=60.0).status_code
+
+    return send
+
+
+def cases29() -> dict[str, tuple[Send, int]]:
+    """The worst requests of issue 29's probe (round 3), each class once or as it came."""
+    png = hostile.small_image("PNG")
+    progressive = hostile.progressive_jpeg_with_scans(4096, 256)
+    icc = hostile.png_with_icc_profiles(7936)
+    return {
+        "retrieve: 6 x 4096² JPEG (65 MB JSON), three at once": (
+            _json(maximal_retrieve_body()),
+            3,
+        ),
+        "jpeg: 4 x 4096² progressive, 256 scans": (_form(b"b", [progressive] * 4), 1),
+        "png: 7,936 iCCP chunks (8 MB), two at once": (_form(b"b", [icc, png, png]), 2),
+        "http: 60 KB method": (_method("M" * 60_000), 1),
+    }
+
+
+def _calibration_body() -> dict[str, Any]:
+    image = base64.b64encode(hostile.small_image("PNG")).decode()
+    examples = [{"query": "a red square", "images": [image] * 3, "answer": i % 3} for i in range(5)]
+    return {"examples": examples}
+
+
+def storm(served: Served, calibrations: int = 20) -> dict[str, Any]:
+    """``calibrations`` concurrent calibrations of one profile and retrieves sent meanwhile
+    (the probe's: every retrieve 429 while the calibrations filled the queue)."""
+    retrieves: list[tuple[int, float]] = []
+    with ThreadPoolExecutor(calibrations) as pool, PeakRSS(served.pid) as peak:
+        start = time.perf_counter()
+        futures = [
+            pool.submit(
+                httpx.post, f"{served.url}/v1/calibrate", json=_calibration_body(), timeout=600.0
+            )
+            for _ in range(calibrations)
+        ]
+        time.sleep(0.2)
+        while not all(f.done() for f in futures):
+            t0 = time.perf_counter()
+            r = httpx.post(f"{served.url}/v1/retrieve", json=_normal_body(), timeout=300.0)
+            retrieves.append((r.status_code, time.perf_counter() - t0))
+        answers = [f.result() for f in futures]
+        seconds = time.perf_counter() - start
+    versions = sorted(a.json().get("version", 0) for a in answers if a.status_code == 200)
+    return {
+        "case": f"storm: {calibrations} calibrations at once, retrieves meanwhile",
+        "concurrent": calibrations,
+        "statuses": sorted({a.status_code for a in answers}),
+        "unique_versions": len(set(versions)),
+        "retrieve_statuses": sorted({s for s, _ in retrieves}),
+        "retrieves": len(retrieves),
+        "retrieve_s_max": round(max((t for _, t in retrieves), default=0.0), 3),
+        "seconds_max": round(seconds, 3),
+        "peak_rss_mib": round(peak.peak, 1),
+    }
+
+
 class _Healthz:
     """Polls /healthz every 50 ms in a thread; the slowest answer (s) while it ran."""
 
@@ -159,10 +237,15 @@ def measure(
     return row
 
 
-def run(model: str, segments: int, keys: int, settle_s: float) -> dict[str, Any]:
+def run(
+    model: str, segments: int, keys: int, settle_s: float, round_: str = "all"
+) -> dict[str, Any]:
     env = {"LAD_MODEL": model, "LAD_TORCH_THREADS": "1", "LAD_LOG_FORMAT": "json"}
     rows: list[dict[str, Any]] = []
-    built = cases(segments, keys)
+    built = {
+        **(cases(segments, keys) if round_ in ("19", "all") else {}),
+        **(cases29() if round_ in ("29", "all") else {}),
+    }
     with Served(env) as served:
         for _ in range(3):  # warm-up: first-request allocations are not a hostile cost
             httpx.post(f"{served.url}/v1/retrieve", json=_normal_body(), timeout=300.0)
@@ -171,6 +254,11 @@ def run(model: str, segments: int, keys: int, settle_s: float) -> dict[str, Any]
         for name, (send, concurrent) in built.items():
             row = measure(served, send, concurrent, idle, settle_s, beside=concurrent > 1)
             rows.append({"case": name, "concurrent": concurrent, **row})
+            print(rows[-1], flush=True)
+        if round_ in ("29", "all"):
+            row = storm(served)
+            row["peak_above_idle_mib"] = round(row.pop("peak_rss_mib") - idle, 1)
+            rows.append(row)
         final_held = round(served.rss_mib() - idle, 1)
     return {
         "model": model,
@@ -201,9 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         default=3.0,
         help="seconds to wait before reading what is held (default 3)",
     )
+    parser.add_argument(
+        "--round",
+        choices=("19", "29", "all"),
+        default="all",
+        help="the classes of issue 19, of issue 29 (round 3), or both (default)",
+    )
     parser.add_argument("--out", default="bench/results/hardening_demo.json")
     args = parser.parse_args(argv)
-    record = run(args.model, args.segments, args.keys, args.settle_s)
+    record = run(args.model, args.segments, args.keys, args.settle_s, args.round)
     print(f"idle RSS {record['idle_rss_mib']} MiB")
     print(
         "| case | at once | statuses | s | peak above idle MiB | held after MiB | slowest "
@@ -211,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|:--|--:|:--|--:|--:|--:|--:|--:|--:|")
     for r in record["rows"]:
+        if "retrieves" in r:  # the storm
+            print(
+                f"| {r['case']} | {r['concurrent']} | {','.join(map(str, r['statuses']))} "
+                f"({r['unique_versions']} versions) | {r['seconds_max']} | "
+                f"{r['peak_above_idle_mib']} | - | - | {r['retrieves']} retrieves: "
+                f"{','.join(map(str, r['retrieve_statuses']))}, slowest {r['retrieve_s_max']} | - |"
+            )
+            continue
         beside = (
             f"{r['normal_request_s']} ({r['normal_request']})" if "normal_request" in r else "-"
         )

@@ -74,6 +74,8 @@ class Service:
         self.profiles = ProfileService(runner, store, metrics)
         self.pipeline = Pipeline(settings, runner, self.profiles, metrics)
         self.worker = self.pipeline.worker
+        self.budget = self.pipeline.decoder.budget  # the body guard reserves bodies in it
+        metrics.watch_inflight_bytes(lambda: self.budget.used, self.budget.capacity)
         self.online = OnlineService(
             settings,
             self.profiles,

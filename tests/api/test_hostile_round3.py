@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,35 @@ def test_a_calibration_storm_leaves_every_retrieve_answered(
         versions = sorted(c.result().json()["version"] for c in calibrations)
     assert versions == list(range(1, storm + 1))  # every calibration succeeded, unique versions
     assert len(retrieves) >= 3 and set(retrieves) == {200}, retrieves
+
+
+def test_the_replica_wide_byte_budget_queues_bodies_and_refuses_with_retry_after(
+    make_client, items, monkeypatch
+) -> None:
+    """Issue 29: every bound was per request. Bodies and decoded pixels in flight now share
+    LAD_MAX_INFLIGHT_BYTES: a body that does not fit waits, then 429 with Retry-After."""
+    monkeypatch.setattr("app.budget.BUDGET_WAIT_S", 0.3)
+    client = make_client(raise_server_exceptions=False, max_inflight_bytes=4 * 1024 * 1024)
+    budget = client.app.state.service.budget
+    plain = json.dumps(retrieve_body(items[0], method="vanilla")).encode()
+    content = plain[:-1] + b" " * 200_000 + b"}"  # a body of ~210 KB: reserved
+    headers = {"content-type": "application/json"}
+
+    def send() -> Any:
+        return client.post("/v1/retrieve", content=content, headers=headers)
+
+    assert send().status_code == 200
+    assert budget.used == 0 and budget.peak >= 3 * 200_000  # three copies of the body
+    text = client.get("/metrics").text
+    assert metric_value(text, "lad_inflight_bytes_capacity") == 4 * 1024 * 1024
+    assert metric_value(text, "lad_inflight_bytes") == 0
+    held = budget.reserve(4 * 1024 * 1024 - 1000, "another request")  # the replica is full
+    refused = send()
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
+    assert "LAD_MAX_INFLIGHT_BYTES" in refused.json()["error"]["message"]
+    small = client.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"))
+    assert small.status_code == 429  # its decoded pixels do not fit either
+    assert client.get("/healthz").status_code == 200  # probes hold nothing
+    budget.release(held)
+    assert send().status_code == 200
+    assert budget.used == 0

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "app.settings",
         "app.cli_help",
         "app.errors",
+        "app.budget",
         "app.decode",
         "app.image_headers",
         "app.metrics",

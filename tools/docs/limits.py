@@ -41,6 +41,10 @@ LIMITS: tuple[tuple[str, str], ...] = (
         "else the new one",
     ),
     ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
+    (
+        "max_inflight_bytes",
+        "waits its turn (up to 10 s), then 429 `overloaded` with `Retry-After: 2`",
+    ),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),
     ("drain_timeout_s", "on SIGTERM, requests still running after it are cancelled"),

@@ -1,0 +1,119 @@
+"""The replica's in-flight byte budget (LAD_MAX_INFLIGHT_BYTES): what all requests being
+handled may hold together, so that concurrency cannot multiply the per-request bounds.
+
+Every bound before it was per request: three concurrent 57 MB retrieves, each within its
+own limits, peaked at +464 MiB above idle. A request reserves its cost before it holds
+it (its body before the body is read, its images' decoded pixels before they are
+decoded) and gives it back when it is done; one that would cross the budget waits its
+turn (first come, first served), and after ``BUDGET_WAIT_S`` is refused 429
+``overloaded`` with ``Retry-After``. A request larger than the whole budget runs alone.
+Thread-safe: the body is reserved on the event loop, the pixels on the decode threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from contextvars import ContextVar
+
+from app import errors
+
+BUDGET_WAIT_S = 10.0
+"""Longest wait for room in the budget before 429 (the client retries after Retry-After)."""
+BODY_COPIES = 3
+"""A body is charged three times its size: the bytes as received, the strings parsed from
+them, and the image bytes decoded from those strings, all held until the decode ends."""
+PIXEL_BYTES = 4
+"""Bytes per decoded pixel charged (RGBA, the widest mode the decoder holds)."""
+
+
+OWN_BYTES: ContextVar[int] = ContextVar("lad_budget_own_bytes", default=0)
+"""Bytes the current request holds already (its body): its pixels may then run "alone"
+beside them, so that a request never waits for itself."""
+
+
+class ByteBudget:
+    """Bytes reserved by the requests in flight, within ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+        self._queue: deque[int] = deque()  # tickets waiting, in arrival order
+        self._tickets = itertools.count()
+
+    def _room(self, n: int, own: int) -> bool:
+        return self.used + n <= self.capacity or self.used - own <= 0
+
+    def _fits(self, ticket: int, n: int, own: int) -> bool:
+        return self._queue[0] == ticket and self._room(n, own)
+
+    def reserve(self, n: int, what: str, wait_s: float = BUDGET_WAIT_S) -> int:
+        """Block until ``n`` bytes fit (a thread's call); 429 after ``wait_s``. Returns
+        the bytes to ``release``."""
+        if n <= 0:
+            return 0
+        deadline, own = time.monotonic() + wait_s, OWN_BYTES.get()
+        with self._cond:
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+            try:
+                while not self._fits(ticket, n, own):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._refusal(n, what)
+                    self._cond.wait(min(left, 0.05))
+                self.used += n
+                self.peak = max(self.peak, self.used)
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+        return n
+
+    async def areserve(self, n: int, what: str, wait_s: float = BUDGET_WAIT_S) -> int:
+        """``reserve`` for the event loop: waits without holding a thread."""
+        if n <= 0:
+            return 0
+        own = OWN_BYTES.get()
+        with self._cond:
+            if not self._queue and self._room(n, own):
+                self.used += n
+                self.peak = max(self.peak, self.used)
+                return n
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+        deadline = time.monotonic() + wait_s
+        delay = 0.002
+        try:
+            while True:
+                with self._cond:
+                    if self._fits(ticket, n, own):
+                        self.used += n
+                        self.peak = max(self.peak, self.used)
+                        return n
+                if time.monotonic() >= deadline:
+                    raise self._refusal(n, what)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        finally:
+            with self._cond:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+
+    def release(self, n: int) -> None:
+        if n <= 0:
+            return
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+    def _refusal(self, n: int, what: str) -> errors.Overloaded:
+        return errors.Overloaded(
+            f"{what} needs {n} bytes of the replica's in-flight budget and "
+            f"{self.used} of LAD_MAX_INFLIGHT_BYTES={self.capacity} are held; retry in 2 s",
+            retry_after_s=2,
+        )
