@@ -5,7 +5,8 @@ Every bound before it was per request: three concurrent 57 MB retrieves, each wi
 own limits, peaked at +464 MiB above idle. A request reserves its cost before it holds
 it (its body before the body is read, its images' decoded pixels before they are
 decoded) and gives it back when it is done; one that would cross the budget waits its
-turn (first come, first served), and after ``BUDGET_WAIT_S`` is refused 429
+turn (first come, first served; one of at most 1/16 of the budget passes when it fits),
+and after ``BUDGET_WAIT_S`` is refused 429
 ``overloaded`` with ``Retry-After``. A request larger than the whole budget runs alone.
 Thread-safe: the body is reserved on the event loop, the pixels on the decode threads.
 """
@@ -21,13 +22,20 @@ from contextvars import ContextVar
 
 from app import errors
 
-BUDGET_WAIT_S = 10.0
-"""Longest wait for room in the budget before 429 (the client retries after Retry-After)."""
+BUDGET_WAIT_S = 30.0
+"""Longest wait for room in the budget before 429 (the client retries after Retry-After):
+LAD_READ_TIMEOUT_S's default, the time a body may take to arrive anyway."""
 BODY_COPIES = 3
 """A body is charged three times its size: the bytes as received, the strings parsed from
 them, and the image bytes decoded from those strings, all held until the decode ends."""
+SMALL_SHARE = 16
+"""A reservation of at most 1/16 of the budget passes those waiting when it fits."""
 PIXEL_BYTES = 4
 """Bytes per decoded pixel charged (RGBA, the widest mode the decoder holds)."""
+
+
+def _wait(wait_s: float | None) -> float:
+    return BUDGET_WAIT_S if wait_s is None else wait_s
 
 
 OWN_BYTES: ContextVar[int] = ContextVar("lad_budget_own_bytes", default=0)
@@ -50,14 +58,17 @@ class ByteBudget:
         return self.used + n <= self.capacity or self.used - own <= 0
 
     def _fits(self, ticket: int, n: int, own: int) -> bool:
-        return self._queue[0] == ticket and self._room(n, own)
+        """In turn, or small enough to pass the queue (an ordinary request's pixels must
+        not wait 10 s behind a maximal body that waits for room)."""
+        small = n <= self.capacity // SMALL_SHARE
+        return (small or self._queue[0] == ticket) and self._room(n, own)
 
-    def reserve(self, n: int, what: str, wait_s: float = BUDGET_WAIT_S) -> int:
+    def reserve(self, n: int, what: str, wait_s: float | None = None) -> int:
         """Block until ``n`` bytes fit (a thread's call); 429 after ``wait_s``. Returns
         the bytes to ``release``."""
         if n <= 0:
             return 0
-        deadline, own = time.monotonic() + wait_s, OWN_BYTES.get()
+        deadline, own = time.monotonic() + _wait(wait_s), OWN_BYTES.get()
         with self._cond:
             ticket = next(self._tickets)
             self._queue.append(ticket)
@@ -74,19 +85,20 @@ class ByteBudget:
                 self._cond.notify_all()
         return n
 
-    async def areserve(self, n: int, what: str, wait_s: float = BUDGET_WAIT_S) -> int:
+    async def areserve(self, n: int, what: str, wait_s: float | None = None) -> int:
         """``reserve`` for the event loop: waits without holding a thread."""
         if n <= 0:
             return 0
         own = OWN_BYTES.get()
         with self._cond:
-            if not self._queue and self._room(n, own):
+            small = n <= self.capacity // SMALL_SHARE
+            if (small or not self._queue) and self._room(n, own):
                 self.used += n
                 self.peak = max(self.peak, self.used)
                 return n
             ticket = next(self._tickets)
             self._queue.append(ticket)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + _wait(wait_s)
         delay = 0.002
         try:
             while True:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import threading
 import time
@@ -69,7 +70,7 @@ WARNS = "png: EXIF of 5,000 tags that warn"
 
 def expected(case: str, status: int) -> bool:
     """Whether ``status`` is the right answer to a request of class ``case``."""
-    return status == 200 if case == WARNS else 400 <= status < 500
+    return status == 200 if case in (WARNS, FRESH) else 400 <= status < 500
 
 
 def cases(segments: int, keys: int) -> dict[str, tuple[Send, int]]:
@@ -128,6 +129,36 @@ def cases29() -> dict[str, tuple[Send, int]]:
         "jpeg: 4 x 4096² progressive, 256 scans": (_form(b"b", [progressive] * 4), 1),
         "png: 7,936 iCCP chunks (8 MB), two at once": (_form(b"b", [icc, png, png]), 2),
         "http: 60 KB method": (_method("M" * 60_000), 1),
+    }
+
+
+FRESH = "retrieve: vanilla under an invented profile name"
+"""A valid request (200) whose profile name is new each time: it must keep no state."""
+
+
+def _fresh_names() -> Send:
+    names = itertools.count()
+
+    def send(url: str) -> int:
+        body = {**_normal_body(), "profile": f"invented-{next(names)}"}
+        return httpx.post(f"{url}/v1/retrieve", json=body, timeout=300.0).status_code
+
+    return send
+
+
+def cases29_small() -> dict[str, tuple[Send, int]]:
+    """Issue 29's classes at a small size, for the soak's hostile share."""
+    png = base64.b64encode(hostile.small_image("PNG")).decode()
+    duplicate = b'{"query": "x", "images": ["%s", "%s"], "method": "vanilla", "method": "agd"}'
+    return {
+        "jpeg: 1100² progressive, 230 scans": (
+            _form(b"b", [hostile.progressive_jpeg_with_scans(1100, 230)] * 2),
+            1,
+        ),
+        "png: 2 iCCP chunks": (_form(b"b", [hostile.png_with_icc_profiles(2)] * 2), 1),
+        "http: 60 KB method": (_method("M" * 60_000), 1),
+        "json: a repeated key": (_json(duplicate % (png.encode(), png.encode())), 1),
+        FRESH: (_fresh_names(), 1),
     }
 
 

@@ -8,7 +8,8 @@ every --calibrate-every-s seconds. Reports per minute: requests, throughput, err
 the resident memory at the start (after warm-up) and at the end. Targets (issue 10):
 0 errors, RSS growth < 5 %. With --hostile-share F, that share of the clients' requests
 are the hostile classes of ``lad bench hardening`` at a tenth of their size (counted as
-errors only when not answered as they should be; issue 19: memory stays flat).
+errors only when not answered as they should be; issue 19: memory stays flat), with issue
+29's classes at a small size (a stream of invented profile names among them).
 Bounded in time; loopback only. Writes JSON under bench/results/.
 """
 
@@ -72,7 +73,11 @@ class Soak:
     ) -> None:
         self.served, self.payloads, self.examples = served, payloads, examples
         self.hostile_share = hostile_share
-        self.hostile = hardening.cases(200_000, 300_000) if hostile_share > 0 else {}
+        self.hostile = (
+            {**hardening.cases(200_000, 300_000), **hardening.cases29_small()}
+            if hostile_share > 0
+            else {}
+        )
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.minute = Minute()

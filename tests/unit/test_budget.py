@@ -75,3 +75,24 @@ def test_a_request_never_waits_for_its_own_body() -> None:
         OWN_BYTES.reset(token)
     with pytest.raises(errors.Overloaded):  # another request's pixels wait
         budget.reserve(90, "other pixels", wait_s=0.05)
+
+
+def test_a_small_reservation_passes_a_large_one_that_waits() -> None:
+    budget = ByteBudget(1600)
+    budget.reserve(1000, "first")
+    refused: list[bool] = []
+
+    def big() -> None:
+        try:
+            budget.reserve(1000, "big", wait_s=0.5)
+        except errors.Overloaded:
+            refused.append(True)
+
+    waiting = threading.Thread(target=big)
+    waiting.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    assert budget.reserve(100, "small", wait_s=5) == 100  # 1/16 of the budget: passes
+    assert time.monotonic() - start < 0.3
+    waiting.join()
+    assert refused == [True]  # the big one still waits its turn, then 429

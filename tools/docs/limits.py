@@ -43,7 +43,7 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("max_in_flight", "429 `overloaded` with `Retry-After: 1`"),
     (
         "max_inflight_bytes",
-        "waits its turn (up to 10 s), then 429 `overloaded` with `Retry-After: 2`",
+        "waits its turn (up to 30 s), then 429 `overloaded` with `Retry-After: 2`",
     ),
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),
