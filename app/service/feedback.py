@@ -249,7 +249,7 @@ class OnlineService:
                 try:
                     entry.online = await self.call(self._status, key, profile)
                 except errors.StoreUnavailable:
-                    self.metrics.store_errors.labels(operation="online_status").inc()
+                    self.metrics.store_errors.labels(operation="get").inc()
                     return summary
         return summary
 

@@ -114,7 +114,7 @@ class ProfileService:
         a fresh probe failed), before an admin write computes anything: under Redis
         ``maxmemory`` a calibration computed for 9-44 s and only then learned it."""
         if await run_in_threadpool(self._writes_failing):
-            self.metrics.store_errors.labels(operation="write_check").inc()
+            self.metrics.store_errors.labels(operation="put").inc()  # the put it stands for
             raise errors.StoreUnavailable(
                 "the calibration store refuses writes (read-only, full, or at its memory "
                 "limit); nothing was computed: retry once it takes writes again"
