@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
         doc = json.loads((config.out / "protocol.json").read_text())
         for run in doc["runs"]:
             f = run["forward_passes"]
-            exact = f"{f['total']}" if f["total"] is not None else f"at most {f['total_at_most']}"
             print(
                 f"N={run['n']} {run['setting']}: {len(run['items'])} items x "
-                f"{run['orderings']['count']} orderings, {exact} forward passes"
+                f"{run['orderings']['count']} orderings, {f['prompt_forwards']} prompt "
+                f"forwards, at most {f['decode_steps_at_most']} decode steps"
             )
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0

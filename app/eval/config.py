@@ -119,7 +119,8 @@ class EvalConfig:
     )
     sink_guard: bool = flag(
         MethodConfig.sink_guard,
-        help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math",
+        help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math "
+        "(--protocol paper: always, the authors have no guard)",
     )
     batch_size: int = flag(16, help="instances per forward")
     threads: int | None = flag(1, help="torch CPU threads")
@@ -184,7 +185,7 @@ class EvalConfig:
             tau=self.tau,
             posterior_variant=self.posterior_variant,
             mixture=self.mixture,
-            sink_guard=self.sink_guard,
+            sink_guard=self.sink_guard and spec(self.protocol).sink_guard,
             use_prior=not self.no_prior,
         )
 

@@ -132,6 +132,7 @@ def plan_run(
         perm_orders=perm_orders,
         cot=p.cot,
         self_consistency=p.self_consistency,
+        answers=p.answers,
         generation_seed=config.generation_seed,
     )
     return RunPlan(
@@ -149,6 +150,7 @@ def evaluate_run(
     instances = plan.orderings.shape[0] * plan.orderings.shape[1]
     k = None if options.perm_orders is None else len(options.perm_orders)
     total = planned_forwards(config.methods, n, instances, len(plan.calibration_items), k)
+    total += instances * (options.answers is not None and "vanilla" in config.methods)
     spec_ = config.protocol_spec()
     with (
         _progress(config, total, f"N={n} {plan.setting}") as bar,
@@ -159,6 +161,8 @@ def evaluate_run(
             calibration = replace(calibration, bias_matrix=0.0 * calibration.bias_matrix)
         run = Run(n, plan.setting, dataset, plan.items, plan.orderings, [])
         score_methods(runner, run, calibration, config.methods, options, bar.update)
+        if options.answers is not None and "vanilla" in config.methods:  # paper: generated
+            generation(runner, run, "vanilla", options, bar.update, options.answers)
         if "instruction" in config.methods:
             instruction(runner, run, options, bar.update)
         for method in GENERATION_METHODS:
@@ -170,7 +174,7 @@ def evaluate_run(
         eval_setting=plan.setting,
         dataset=plan.calibration_dataset,
         layers=list(runner.layers),
-        sink_guard=config.sink_guard,
+        sink_guard=config.method_config().sink_guard,
     )
     return run, evidence
 
