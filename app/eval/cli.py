@@ -51,6 +51,17 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
 
         return rerank_main(argv[1:])
     config = config_from(argv, prog)
+    from app.eval.datasets import InputError
+
+    try:
+        return _main(config)
+    except InputError as exc:  # a mistake in the user's files or flags: one line
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(config: EvalConfig) -> int:
+    """The run of one parsed command line (see ``main``)."""
     from app.eval.harness import run_evaluation
     from app.eval.protocol_record import resolve_layers
 

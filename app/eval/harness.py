@@ -16,7 +16,14 @@ from typing import Any
 
 from app.eval import plots, report
 from app.eval.config import EvalConfig
-from app.eval.datasets import DEFAULT_SETTINGS, Dataset, check_disjoint, open_dataset
+from app.eval.datasets import (
+    DEFAULT_SETTINGS,
+    Dataset,
+    InputError,
+    check_disjoint,
+    check_images,
+    open_dataset,
+)
 from app.eval.evidence import (
     GENERATION_METHODS,
     Options,
@@ -114,7 +121,14 @@ def plan_run(
     )
     check_disjoint(items, calibration_items)
     if len(calibration_items) < config.calibration:
-        raise ValueError(f"only {len(calibration_items)} calibration items outside the eval items")
+        raise InputError(
+            f"{getattr(other, 'source', other.name)}: only {len(calibration_items)} of the "
+            f"--calibration {config.calibration} items with N={n} are left outside the "
+            f"{len(items)} evaluation items (an item whose matching image is evaluated is "
+            "never a calibration item); lower --items or --calibration, or add items"
+        )
+    for dataset, drawn in ((main, items), (other, calibration_items)):
+        check_images(drawn, getattr(dataset, "source", dataset.name))
     p = config.protocol_spec()
     t = config.ordering_count(n)
     if p.orderings == "balanced":

@@ -16,7 +16,14 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
+from app.eval.datasets.base import (
+    Dataset,
+    EvalItem,
+    InputError,
+    check_disjoint,
+    check_images,
+    open_image,
+)
 
 DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr", "simulated")
 DEFAULT_SETTINGS: dict[str, str] = {
@@ -52,13 +59,15 @@ def open_dataset(
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; use one of {DATASETS}")
     if data is None:
-        raise ValueError(f"dataset {name!r} needs --data (the annotation file)")
+        raise InputError(f"dataset {name!r} needs --data (the annotation file)")
     if name == "jsonl":
         from app.eval.datasets.jsonl import JsonlDataset
 
         return JsonlDataset(data)
     if images is None:
-        raise ValueError(f"dataset {name!r} needs --images (the image folder)")
+        raise InputError(f"dataset {name!r} needs --images (the image folder)")
+    if not Path(images).is_dir():
+        raise InputError(f"{images}: no such folder (--images, the image folder of {data})")
     embed = text_embed = None
     if clip is not None:
         from app.eval.datasets.clip import clip_embeddings, clip_text_embeddings
@@ -80,7 +89,9 @@ __all__ = [
     "DEFAULT_SETTINGS",
     "Dataset",
     "EvalItem",
+    "InputError",
     "check_disjoint",
+    "check_images",
     "open_dataset",
     "open_image",
 ]
