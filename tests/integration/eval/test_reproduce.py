@@ -1,8 +1,8 @@
 """``scripts/reproduce_paper.sh`` on the demo model and a tiny checkpoint that needs remote
 code (the demo's weights behind a class of its own Python file), on a small COCO-format
-set made in code (a tiny random CLIP for the adversarial negatives): refused before anything runs without the
-permission, both comparisons written with it, resumed after a kill; the dry run needs no
-model, no CLIP and no data; the paper's numbers beside ours."""
+set made in code (a tiny random CLIP for the adversarial negatives): refused before
+anything runs without the permission, both comparisons written with it, resumed after a
+kill; the dry run needs no model, no CLIP and no data; the paper's numbers beside ours."""
 
 from __future__ import annotations
 
