@@ -89,6 +89,7 @@ class ProtocolSpec:
     self_consistency: GenerationSpec
     calibration: str  # where the M calibration items come from
     negatives: str  # the exclusion rule of COCO / Flickr negatives (datasets.base)
+    benchmark: str = "ours"  # COCO items: "ours" (datasets.base) or "paper" (coco_paper)
     sink_guard: bool = True  # False: sink layers stay in L* whatever --sink-guard says
     answers: GenerationSpec | None = None  # vanilla / instruction generated; None: label argmax
     notes: tuple[str, ...] = ()
@@ -134,7 +135,11 @@ PAPER_NOTES: tuple[str, ...] = (
     "step, after the checkpoint's logits processors (e.g. a repetition_penalty of the "
     "prompt's digits)",
     "one seed per stream (orderings, perm_avg, items, generation) instead of the authors' "
-    "single random.seed / set_seed(42)",
+    "single random.seed / set_seed(42); COCO items (--benchmark paper) follow their "
+    "builder's own random stream from --eval-seed (theirs: 42)",
+    "COCO items (--benchmark paper): CLIP is transformers' CLIPModel from --clip in float32 "
+    "(the authors: the openai clip package, float16 on a GPU), so near-tied adversarial "
+    "neighbours can differ; captions longer than CLIP's context are truncated (theirs fail)",
 )
 """Every remaining difference between ``--protocol paper`` and the authors' runs."""
 
@@ -170,6 +175,7 @@ PAPER = ProtocolSpec(
     ),
     calibration="M items disjoint from the evaluation items (own seed)",
     negatives="paper",
+    benchmark="paper",
     sink_guard=False,
     answers=PAPER_ANSWER,
     notes=PAPER_NOTES,

@@ -217,6 +217,7 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
             "clip": _s(config.clip),
             "calibration_dataset": config.calibration_dataset or config.dataset,
             "negatives": p.negatives,
+            "benchmark": config.benchmark_name(),
         },
         "seeds": {
             "eval": config.eval_seed,

@@ -3,7 +3,8 @@
     synthetic  the demo world (Random, Adversarial)              no files
     jsonl      your data: {"query", "images": [paths], "answer"}  --data FILE
     coco       COCO captions JSON + image folder                  --data CAPTIONS --images DIR
-               (+ --instances JSON for category sets)
+               (+ --instances JSON for category sets; --benchmark paper: the authors'
+               construction, app.eval.datasets.coco_paper)
     flickr     Flickr8k/30k captions file + image folder          --data CAPTIONS --images DIR
     simulated  a score-level SIMULATION of the paper's regime     no files, no model
                (its own backend: app.eval.datasets.simulated)
@@ -45,9 +46,11 @@ def open_dataset(
     cache_dir: Path = Path("var/cache"),
     image_size: int | None = None,
     negatives: str = "ours",
+    benchmark: str = "ours",
 ) -> Dataset:
-    """The reader of ``name`` over its files (ValueError naming what is missing);
-    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``)."""
+    """The reader of ``name`` over its files (InputError naming what is missing);
+    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``);
+    ``benchmark``: "paper" builds COCO items as the authors do (``coco_paper``)."""
     if name == "synthetic":
         from app.eval.datasets.synthetic import SyntheticDataset
 
@@ -75,6 +78,12 @@ def open_dataset(
         embed = partial(clip_embeddings, clip, cache_dir=cache_dir)
         text_embed = partial(clip_text_embeddings, clip, cache_dir=cache_dir)
     rule = {"rule": negatives, "text_embed": text_embed}
+    if benchmark == "paper":
+        if name != "coco":
+            raise InputError(f"--benchmark paper is the authors' COCO construction, not {name}")
+        from app.eval.datasets.coco import authors_coco_dataset
+
+        return authors_coco_dataset(data, images, instances, embed, text_embed)
     if name == "coco":
         from app.eval.datasets.coco import coco_dataset
 

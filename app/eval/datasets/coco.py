@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from app.eval.datasets.base import ImagePool, InputError, PoolImage, read_json
+from app.eval.datasets.coco_paper import AuthorsPool
 
 
 def read_coco(captions: Path, images_dir: Path, instances: Path | None = None) -> list[PoolImage]:
@@ -65,5 +66,23 @@ def coco_dataset(
     pool = read_coco(captions, images_dir, instances)
     neighbours = None if embed is None else (lambda: embed([p.path for p in pool]))
     dataset = ImagePool("coco", pool, neighbours, **rule)
+    dataset.source = str(captions)
+    return dataset
+
+
+def authors_coco_dataset(
+    captions: Path,
+    images_dir: Path,
+    instances: Path | None,
+    embed: Callable[[list[Path]], np.ndarray] | None = None,
+    text_embed: Callable[[list[str]], np.ndarray] | None = None,
+) -> AuthorsPool:
+    """The authors' construction (``coco_paper``) over the images whose file exists."""
+    if instances is None:
+        raise InputError(
+            "--benchmark paper needs --instances (COCO's instances JSON: the category sets)"
+        )
+    pool = [p for p in read_coco(captions, images_dir, instances) if p.path.is_file()]
+    dataset = AuthorsPool("coco", pool, embed, text_embed)
     dataset.source = str(captions)
     return dataset
