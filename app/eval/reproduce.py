@@ -164,10 +164,12 @@ def comparison(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]
                     "acc_std_over_orderings": spread,
                     "rstd": ours["rstd"],
                     "cons": ours["cons"],
+                    "unparseable_pct": ours.get("unparseable_pct"),
                 }
+                unparsed = ours.get("unparseable_pct")
                 rows.append(
                     [
-                        ROWS[m],
+                        ROWS[m] + (f" ({unparsed:.1f} % unparsed: wrong)" if unparsed else ""),
                         _num(paper[0]) if paper else "–",
                         _num(paper[1]) if paper else "–",
                         _num(paper[2]) if paper else "–",
