@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
-from app.cli_help import command_parser
+from app.cli_help import BooleanFlag, command_parser
 from app.settings import Settings
 
 log = logging.getLogger("lad.serve")
@@ -55,12 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
             if default is None
             else (",".join(map(str, default)) if isinstance(default, list) else default)
         )
+        as_flag = {"action": BooleanFlag} if field.annotation is bool else {"metavar": "VALUE"}
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
-            metavar="VALUE",
             help=f"{field.description or name.replace('_', ' ')} "
             f"[env LAD_{name.upper()}; default: {shown}]",
+            **as_flag,
         )
     return parser
 
