@@ -136,3 +136,14 @@ def test_flags_override_the_environment(monkeypatch) -> None:
     settings = settings_from(["--max-batch-size", "16", "--layers", "2-3"])
     assert settings.max_batch_size == 16 and settings.port == 9000
     assert settings.layers == [2, 3]
+
+
+def test_each_exit_status_is_documented_in_the_help_and_the_operations_page() -> None:
+    from app.serve import EXIT_CODES, build_parser
+    from tools.docs import exit_codes
+
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES), "one cause per status"
+    shown = " ".join(build_parser().format_help().split())
+    for code, text in EXIT_CODES.items():
+        assert f"{code} {text}" in shown
+    assert exit_codes.main(["--check"]) == 0, "run `python -m tools.docs exits --write`"
