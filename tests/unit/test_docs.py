@@ -102,3 +102,25 @@ def test_a_page_becomes_one_script_and_its_output_splits_per_block(tmp_path: Pat
     got = outputs(done.stdout)
     assert done.returncode == 0 and got["0"].strip() == "http://x:1" and got["1"].strip() == "42"
     assert "end" in got
+
+
+def test_the_tools_commands_run_in_the_venv_that_scripts_dev_makes() -> None:
+    """`python -m tools.render_examples` with the system Python has no numpy: the pages
+    name the interpreter of the .venv that scripts/dev creates, and the command runs."""
+    assert 'venv="$root/.venv"' in (ROOT / "scripts" / "dev").read_text()
+    readme = re.sub(r"<!--.*?-->", "", (ROOT / "README.md").read_text(), flags=re.S)
+    commands = re.findall(r"([\w./]*)python3? -m ([\w.]+)", readme)
+    assert (".venv/bin/", "tools.render_examples") in commands
+    assert all(where.endswith(".venv/bin/") for where, _ in commands), commands
+    for page in PAGES:
+        for where in re.findall(r"([\w./]*)python -m tools\.render_examples", page.read_text()):
+            assert where.endswith(".venv/bin/"), f"{page.name}: {where}python -m ..."
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.render_examples", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},  # as typed at the root of a checkout: no PYTHONPATH
+    )
+    assert done.returncode == 0, done.stderr
