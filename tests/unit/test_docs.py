@@ -124,3 +124,19 @@ def test_the_tools_commands_run_in_the_venv_that_scripts_dev_makes() -> None:
         env={"PATH": "/usr/bin:/bin"},  # as typed at the root of a checkout: no PYTHONPATH
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_hints_name_the_projects_own_set_up_command() -> None:
+    """A message that says what to install names `scripts/dev setup` (which installs the
+    locked dev dependencies), not an editable pip install the project does not use."""
+    hints = [
+        f"{path.relative_to(ROOT)}"
+        for path in (ROOT / "app").rglob("*.py")
+        if 'pip install -e ".[dev]"' in path.read_text()
+    ]
+    assert hints == []
+    from app.testing import qwen_vocab
+
+    assert "scripts/dev setup" in (ROOT / "app" / "testing" / "qwen_vocab.py").read_text()
+    assert "setup [serve|dev]" in (ROOT / "scripts" / "dev").read_text()
+    assert qwen_vocab.tiktoken_path.__doc__
