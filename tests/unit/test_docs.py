@@ -135,8 +135,19 @@ def test_hints_name_the_projects_own_set_up_command() -> None:
         if 'pip install -e ".[dev]"' in path.read_text()
     ]
     assert hints == []
-    from app.testing import qwen_vocab
-
     assert "scripts/dev setup" in (ROOT / "app" / "testing" / "qwen_vocab.py").read_text()
     assert "setup [serve|dev]" in (ROOT / "scripts" / "dev").read_text()
-    assert qwen_vocab.tiktoken_path.__doc__
+
+
+def test_each_runnable_page_says_it_runs_against_a_fresh_service() -> None:
+    """As the documentation test runs it (tests/e2e/test_doc_examples.py: one service with
+    an empty store per page), with the token the page exports; a plain `scripts/dev serve`
+    keeps the README's profiles in var/profiles, so the page names the empty store."""
+    for page in PAGES:
+        if not runnable(page):
+            continue
+        token = admin_token(page)
+        command = "LAD_STORE_URL=memory:// " + (f"LAD_ADMIN_TOKEN={token} " if token else "")
+        text = " ".join(page.read_text().split())  # the wrapping undone
+        assert f"{command}scripts/dev serve" in text, page.name
+        assert "fresh service" in text, page.name
