@@ -38,8 +38,8 @@ def test_hub_warnings_are_written_once_in_the_service_format() -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    # before: huggingface_hub's own handler and the service's both wrote the line
-    assert sum("hub says once" in line for line in lines) == 2
+    # before: huggingface_hub's own handler (2.x adds one) and the service's both wrote it
+    assert sum("hub says once" in line for line in lines) in (1, 2)
     after = [line for line in lines if "says after" in line]
     assert len(after) == 2, done.stderr  # one line each, and each in the service's format
     assert all(" WARNING " in line for line in after)
