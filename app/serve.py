@@ -111,7 +111,8 @@ def settings_from(argv: list[str] | None) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`lad serve`: settings, logging, model, then the server until a signal."""
+    """`lad serve`: settings, logging, the port, the model, then the server until a signal;
+    an :data:`EXIT_CODES` status."""
     try:
         settings = settings_from(argv)
     except ValidationError as exc:
