@@ -24,6 +24,7 @@ import transformers
 from transformers import AutoConfig
 
 from app.engine.runner import Runner
+from app.models import hub_access
 from app.models.registry import UnsupportedModelError, adapter_for
 
 log = logging.getLogger("lad.model")
@@ -152,6 +153,7 @@ def load_runner(
     if threads is not None:
         torch.set_num_threads(int(threads))
     quiet_progress_bars()
+    hub_access.log_once()
     started = time.perf_counter()
     source = str(DEMO_MODEL_DIR) if model == "demo" else model
     if model == "demo" and not (DEMO_MODEL_DIR / "config.json").is_file():
@@ -172,6 +174,10 @@ def load_runner(
             model,
             revision or "default, not pinned",
         )
+    if _is_hub_name(source):  # known at once, not after 28 s of retries (app.models.hub_access)
+        cause = hub_access.unavailable(source, revision)
+        if cause is not None:
+            raise _unreachable(model, revision, cause)
     remote = {"trust_remote_code": bool(trust_remote_code)}
     config = _pretrained(partial(AutoConfig.from_pretrained, **remote), model, source, revision)
     try:
@@ -207,7 +213,7 @@ def load_runner(
         prompt_variant=prompt_variant,
     )
     log.info(
-        "model %s ready in %.1f s (layers Λ = %s)",
+        "model %s loaded in %.1f s (layers Λ = %s)",
         model,
         time.perf_counter() - started,
         ",".join(str(x) for x in runner.layers),
