@@ -17,7 +17,8 @@ router = APIRouter(tags=["rerank"])
 
 DESCRIPTION = """Order up to LAD_MAX_RERANK_CANDIDATES candidate images by how well they match
 `query`, position-debiased. Up to the window size (default: the largest N the profile is
-calibrated for) the documents are one prompt. Above it a **windowed tournament** runs: each
+calibrated for; LAD_MAX_IMAGES for vanilla, attn_raw and perm_avg, which read no profile) the
+documents are one prompt. Above it a **windowed tournament** runs: each
 round the surviving documents are shuffled with `seed` (returned in `meta`) and dealt into
 near-equal windows of at most `window` images; every window is scored (all windows of a round
 in one batch of forward passes) and debiased with the profile of its own N; the best
