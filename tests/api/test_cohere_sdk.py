@@ -62,6 +62,10 @@ def test_cohere_client_v1_and_v2(server: Any, items: list[RetrievalExample]) -> 
     objects = [{"text": d} for d in documents]  # Cohere's object documents
     top = v1.rerank(model=model, query=item.query, documents=objects, top_n=2, request_options=SEED)
     assert same(top.results, expected[:2])
+    echoed = v1.rerank(
+        model=model, query=item.query, documents=objects, return_documents=True, top_n=1
+    )
+    assert echoed.results[0].document.text == documents[echoed.results[0].index]
 
     v2 = cohere.ClientV2(api_key=TOKEN, base_url=server.url, timeout=120)
     out2 = v2.rerank(
