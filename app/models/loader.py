@@ -23,6 +23,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from app.engine.identity import served_name
 from app.engine.runner import Runner
 from app.models import hub_access
 from app.models.registry import UnsupportedModelError, adapter_for
@@ -139,8 +140,12 @@ def load_runner(
     min_pixels: int | None = None,
     device_map: str | None = None,
     trust_remote_code: bool = False,
+    served_model_name: str | None = None,
 ) -> Runner:
     """Load ``model`` (hub name, local directory, or ``"demo"``) and wrap it in a Runner.
+
+    The runner's ``model_id`` is the name it is served under: ``served_model_name``, else
+    the hub id or the local directory's own name (``app.engine.identity.served_name``).
 
     ``threads`` sets torch's intra-op thread count before loading (None: leave it).
     ``max_pixels`` / ``min_pixels`` bound each image's pixels through the family's
@@ -207,15 +212,18 @@ def load_runner(
             log.info("image budget: %s", budget)
     runner = Runner(
         adapter_cls(loaded, processor),
-        model_id=model,
+        model_id=served_name(model, served_model_name),
         revision=revision,
         layers=layers,
         prompt_variant=prompt_variant,
     )
     log.info(
-        "model %s loaded in %.1f s (layers Λ = %s)",
+        "model %s loaded in %.1f s as %r (config %s, weights %s; layers Λ = %s)",
         model,
         time.perf_counter() - started,
+        runner.model_id,
+        runner.config_hash,
+        runner.weights_hash,
         ",".join(str(x) for x in runner.layers),
     )
     return runner

@@ -42,7 +42,11 @@ def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_jso
         "PYTHONPATH": str(ROOT),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+        [
+            sys.executable,
+            *("-m", "app.cli", "serve", "--port", str(port)),
+            *("--served-model-name", "tiny-served"),
+        ],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -65,7 +69,8 @@ def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_jso
             assert http.get("/healthz").json() == {"status": "ok"}
             assert http.post("/v1/calibrate", json=calibrate_json).status_code == 200
             answer = http.post("/v1/retrieve", json=retrieve_body(items[0])).json()
-            assert answer["profile"]["version"] == 1 and answer["model"] == str(model_dir)
+            assert answer["profile"]["version"] == 1 and answer["model"] == "tiny-served"
+            assert http.get("/v1/models").json()["data"][0]["id"] == "tiny-served"
             assert "lad_requests_total" in http.get("/metrics").text
         # the embedded file store persisted the profile under the configured directory
         assert any((tmp_path / "profiles").iterdir())
