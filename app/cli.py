@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "time the evidence cache and feedback per store backend (online calibration)",
     ),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
+    "eval rerank": (
+        "app.eval.rerank",
+        "evaluate the windowed rerank tournament and one n=all calibration against per-N ones",
+    ),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
     "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),
 }

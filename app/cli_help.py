@@ -4,7 +4,8 @@ Every command module builds its parser with :func:`command_parser` instead of
 ``argparse.ArgumentParser``, so ``lad <command> --help`` reads the same everywhere. A
 command whose options are a config dataclass declares each one on its field with
 :func:`flag` and builds the parser with :func:`add_config_flags`, so a default and its
-help text live in one place.
+help text live in one place. A boolean option is a flag everywhere (:class:`BooleanFlag`):
+``--x`` alone, ``--x false`` / ``--x true``, and ``--no-x``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off, any case), as pydantic reads LAD_* values."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+
+
+class BooleanFlag(argparse.Action):
+    """A boolean option typed as a flag: ``--x`` sets True, ``--x false`` still works (the
+    form of the environment variables), and ``--no-x`` sets False."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        negated = [
+            "--no-" + s[2:] for s in option_strings if s.startswith("--") and "--no-" not in s
+        ]
+        kwargs.setdefault("metavar", "true|false")
+        super().__init__([*option_strings, *negated], dest, nargs="?", type=parse_bool, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            values = False
+        setattr(namespace, self.dest, True if values is None else values)
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -26,12 +65,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
             "default" in text.lower()
             or default is None
             or default is argparse.SUPPRESS
-            or default is False
+            or (default is False and not isinstance(action, BooleanFlag))
             or not action.option_strings
             or action.nargs == 0
         ):
             return text
         return f"{text} (default: %(default)s)".strip()
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, BooleanFlag):  # --x [true|false], --no-x
+            *named, negated = action.option_strings
+            return ", ".join([*(f"{n} [{action.metavar}]" for n in named), negated])
+        return super()._format_action_invocation(action)
 
 
 class RawDescriptionDefaultsHelpFormatter(
@@ -110,9 +155,10 @@ def add_config_flags(
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         name = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": spec.help}
-        if hints[f.name] is bool:
+        if hints[f.name] is bool and spec.flags:  # its own spelling, e.g. --quiet: a switch
             kwargs["action"] = "store_false" if default else "store_true"
-            name = "--no-" + f.name.replace("_", "-") if default else name
+        elif hints[f.name] is bool:
+            kwargs["action"] = BooleanFlag
         else:
             value_type, many = _value_type(hints[f.name])
             kwargs["type"] = spec.type or (None if value_type is str else value_type)

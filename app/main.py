@@ -28,6 +28,7 @@ from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.request_metrics import RequestMetricsMiddleware
 from app.service import Service
+from app.service.profiles import legacy_profiles_note
 from app.settings import Settings
 from calibration_store import OnlineStore, ProfileStore, open_online_store, open_store
 
@@ -57,6 +58,7 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
         min_pixels=settings.min_pixels,
         device_map=settings.device_map,
         trust_remote_code=settings.trust_remote_code,
+        served_model_name=settings.served_model_name,
     )
 
 
@@ -97,6 +99,10 @@ def create_app(
         service.start()
         app.state.service = service
         log.info("serving %s with store %s", service.model_id, the_store.health().get("backend"))
+        if runner is None and (
+            note := legacy_profiles_note(the_store, service.model_id, settings.model)
+        ):
+            log.warning(note)
         try:
             yield
         finally:

@@ -26,6 +26,8 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 """Embedded file store, relative to the working directory (``/app/var/profiles`` in the
 container). ``memory://`` keeps profiles in the process only; ``redis://host:port/db``
 shares them between replicas."""
+SERVED_NAME_PATTERN = r"^\S+$"
+"""A served model name: any characters but spaces (a hub id, "name:v2", a former path)."""
 
 
 class Settings(BaseSettings):
@@ -38,6 +40,15 @@ class Settings(BaseSettings):
     # --- model --------------------------------------------------------------------------
     model: str = Field("demo", description='"demo" (bundled), a hub name or a local path')
     revision: str | None = Field(None, description="model revision (hub branch, tag, commit)")
+    served_model_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=SERVED_NAME_PATTERN,
+        description="the name the model is served under: GET /v1/models, a rerank's `model`, "
+        "the metrics' model label, and the key of its profiles (so a moved checkpoint keeps "
+        "them); unset: the hub id as given, or a local directory's own name",
+    )
     device: str = Field("auto", description='"auto" (cuda when available), "cpu", "cuda:0"...')
     dtype: str = Field("auto", description='"auto", "float32", "bfloat16", "float16"')
     torch_threads: int | None = Field(

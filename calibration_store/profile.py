@@ -2,10 +2,11 @@
 
 A profile holds the conditional bias matrix B (N x N) and the attention prior P
 (|Λ| x N) estimated from M calibration examples, together with the fingerprint of
-the engine that produced them. Stores key profiles by `ProfileKey` (model, profile
-name, label scheme, N); the full `Fingerprint` (revision, dtype, attention backend,
-prompt hash too) is stored with every profile so that the service can refuse to
-apply a profile calibrated under a different engine configuration.
+the engine that produced them. Stores key profiles by `ProfileKey` (the model's served
+name, profile name, label scheme, N); the full `Fingerprint` (revision, the model's
+config and weights hashes, dtype, attention backend, prompt hash too) is stored with every
+profile so that the service can refuse to apply a profile calibrated under a different
+model or engine configuration.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class ProfileKey(BaseModel):
         return f"{self.model_id}/{self.name}/{self.label_scheme}/N={self.n}"
 
 
+def _identity(what: str) -> Any:
+    """A field of what the model is (app.engine.identity)."""
+    return Field(
+        None,
+        max_length=128,
+        description=f"what the model is: a hash of its {what} (app.engine.identity); absent "
+        "in profiles written before it was recorded, and then not compared",
+    )
+
+
 class _FingerprintFields(BaseModel):
     """The fields of an engine fingerprint, shared by Fingerprint and (flat) by Profile."""
 
@@ -70,6 +81,13 @@ class _FingerprintFields(BaseModel):
     prompt_hash: str = Field(min_length=1)
     label_scheme: str = Field(min_length=1, max_length=2048)
     n: int = Field(ge=1, le=4096)
+    config_hash: str | None = _identity("configuration")
+    weights_hash: str | None = _identity("weights")
+
+
+IDENTITY_FIELDS: Final = ("config_hash", "weights_hash")
+"""Fingerprint fields compared only when both sides recorded them (older profiles have none:
+they keep serving the model they are keyed by, as before the fields existed)."""
 
 
 class Fingerprint(_FingerprintFields):
@@ -85,11 +103,15 @@ class Fingerprint(_FingerprintFields):
     def mismatches(self, other: Any) -> dict[str, tuple[Any, Any]]:
         """Fields that differ, as {field: (self's value, other's value)}; empty when equal."""
         theirs = Fingerprint.of(other)
-        return {
+        diff = {
             f: (getattr(self, f), getattr(theirs, f))
             for f in type(self).model_fields
             if getattr(self, f) != getattr(theirs, f)
         }
+        for f in IDENTITY_FIELDS:
+            if None in diff.get(f, ()):
+                del diff[f]
+        return diff
 
 
 def _to_utc(t: datetime) -> datetime:

@@ -79,20 +79,28 @@ def parse_answer(text: str, labels: Sequence[str]) -> int | None:
     return named.pop() if len(named) == 1 else None
 
 
-_PAPER_ANSWER_IS = re.compile(r"[Tt]he answer is\s*(\d+)")
+_PAPER_ANSWER_IS = re.compile(r"[Tt]he answer is (\d+)")
 _NUMBER = re.compile(r"\d+")
 
 
 def parse_answer_paper(text: str, labels: Sequence[str], *, answer_is: bool = True) -> int | None:
-    """The authors' parser (digit labels): the first "The answer is <d>" when ``answer_is``
-    (self-consistency), else, or when it names no label, the last number in the text that
-    is a label; None when there is none."""
+    """The authors' parser (digit labels, numbers compared as integers, so "04" is 4).
+
+    With ``answer_is`` (their self-consistency vote): the first "The answer is <d>" decides,
+    and a number that is no label gives no vote; only a text without that phrase falls back
+    to the last number that is a label. Without (vanilla, instruction, cot): the last number
+    in the text that is a label. None when there is none (counted wrong)."""
+
+    def position(word: str) -> int | None:
+        value = str(int(word))
+        return list(labels).index(value) if value in labels else None
+
     if answer_is:
         match = _PAPER_ANSWER_IS.search(text)
-        if match and match.group(1) in labels:
-            return list(labels).index(match.group(1))
-    valid = [w for w in _NUMBER.findall(text) if w in labels]
-    return list(labels).index(valid[-1]) if valid else None
+        if match:
+            return position(match.group(1))
+    valid = [p for w in _NUMBER.findall(text) if (p := position(w)) is not None]
+    return valid[-1] if valid else None
 
 
 def majority_vote(answers: Sequence[int | None], n: int) -> tuple[int | None, list[float]]:

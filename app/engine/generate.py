@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +46,11 @@ def generate_answers(
     samples: int = 1,
     temperature: float = 0.0,
     max_new_tokens: int = 64,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    top_k: int | None = 0,
+    top_p: float | None = 1.0,
     seed: int = 0,
+    inherit: bool = False,
+    eos: str = "ours",
 ) -> list[Generation]:
     """``samples`` generations per item of one batch (greedy when temperature is 0).
 
@@ -60,6 +62,11 @@ def generate_answers(
     ``forward_passes`` counts the model calls of each item's sequences (one per generated
     token and sample; the first includes the prompt). Sampling is seeded by ``seed`` so a
     run is reproducible on the same build and thread count.
+
+    ``inherit`` (the authors' protocol): keep the checkpoint's generation_config and pass
+    only the given settings (top_k / top_p None: not passed, so the checkpoint's apply).
+    ``eos``: the end token passed to ``generate``: "ours" (the adapter's end of turn),
+    "tokenizer" (the tokenizer's eos and pad) or "config" (none: the generation_config's).
     """
     if samples < 1 or (samples > 1 and temperature <= 0):
         raise ValueError("several samples need a temperature > 0; greedy gives one answer")
@@ -74,17 +81,12 @@ def generate_answers(
     batch = batch.to(runner.device, runner.dtype)
     kwargs = {k: v for k, v in adapter.prompt_kwargs(batch).items() if k != "position_ids"}
     end = adapter.end_token_id()
-    pad = adapter.tokenizer.pad_token_id
-    settings = decoding_settings(temperature, top_k, top_p, max_new_tokens)
+    settings = decoding_settings(temperature, top_k, top_p, max_new_tokens, inherit=inherit)
+    settings |= _end_tokens(adapter, eos)
     torch.manual_seed(seed)
-    with torch.inference_mode(), explicit_generation(runner.model):
-        out = runner.model.generate(
-            **kwargs,
-            num_return_sequences=samples,
-            eos_token_id=end,
-            pad_token_id=end if pad is None else pad,
-            **settings,
-        )
+    keep = nullcontext() if inherit else explicit_generation(runner.model)
+    with torch.inference_mode(), keep:
+        out = runner.model.generate(**kwargs, num_return_sequences=samples, **settings)
     new = out[:, batch.input_ids.shape[1] :]
     elapsed = (time.perf_counter() - start) * 1e3
     lengths = _lengths(new, end)
@@ -104,22 +106,50 @@ def generate_answers(
 
 
 def decoding_settings(
-    temperature: float, top_k: int, top_p: float, max_new_tokens: int
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    max_new_tokens: int,
+    *,
+    inherit: bool = False,
 ) -> dict[str, Any]:
     """The keyword arguments of ``generate`` for one baseline: sampling at ``temperature``
-    (> 0) with top-k / top-p, or greedy; every value set, none left to a config."""
-    if max_new_tokens < 1 or top_k < 0 or not 0 < top_p <= 1:
+    (> 0) with top-k / top-p, or greedy; every value set, none left to a config, unless
+    ``inherit``: then a None top_k / top_p is left out (the checkpoint's value applies) and
+    greedy passes temperature 1.0, as the authors' calls do."""
+    if (
+        max_new_tokens < 1
+        or (top_k is not None and top_k < 0)
+        or (top_p is not None and not 0 < top_p <= 1)
+        or (not inherit and (top_k is None or top_p is None))
+    ):
         raise ValueError("need max_new_tokens >= 1, top_k >= 0 and 0 < top_p <= 1")
     if temperature <= 0:  # greedy: the sampling filters do not apply
-        return {"do_sample": False, "max_new_tokens": int(max_new_tokens), "num_beams": 1}
-    return {
+        greedy: dict[str, Any] = {"do_sample": False, "max_new_tokens": int(max_new_tokens)}
+        return greedy | {"num_beams": 1} | ({"temperature": 1.0} if inherit else {})
+    sampled: dict[str, Any] = {
         "do_sample": True,
         "temperature": float(temperature),
-        "top_k": int(top_k),
-        "top_p": float(top_p),
+        "top_k": None if top_k is None else int(top_k),
+        "top_p": None if top_p is None else float(top_p),
         "max_new_tokens": int(max_new_tokens),
         "num_beams": 1,
     }
+    return {k: v for k, v in sampled.items() if v is not None}
+
+
+def _end_tokens(adapter: Any, eos: str) -> dict[str, Any]:
+    """eos_token_id / pad_token_id for ``generate`` (see ``generate_answers``)."""
+    tokenizer = adapter.tokenizer
+    if eos == "config":
+        return {}
+    if eos == "tokenizer":
+        return {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    if eos != "ours":
+        raise ValueError(f"unknown eos {eos!r}; use ours, tokenizer or config")
+    end = adapter.end_token_id()
+    pad = tokenizer.pad_token_id
+    return {"eos_token_id": end, "pad_token_id": end if pad is None else pad}
 
 
 @contextmanager

@@ -43,6 +43,7 @@ from app.engine.attention import (
 )
 from app.engine.fold import chain_path, fold_batch, folded_scoring
 from app.engine.head import install_label_head, label_head
+from app.engine.identity import config_hash, weights_hash
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.kv_cache import cache_argument, cache_entry
 from app.engine.labels import LabelSpec, resolve_labels, scheme_name
@@ -100,7 +101,10 @@ class Runner:
         self.model = adapter.model.eval()
         self.processor = adapter.processor
         self.model_id = model_id
+        """The name the model is served under (LAD_SERVED_MODEL_NAME; the profiles' key)."""
         self.revision = revision
+        self.config_hash = config_hash(self.model.config)
+        self.weights_hash = weights_hash(self.model)  # before the capture patches the model
         self.prompt_variant = prompt_variant
         prompt_hash(prompt_variant, "")  # validates the variant early
         self.num_layers = self.adapter.num_layers()
@@ -201,6 +205,8 @@ class Runner:
             prompt_hash=prompt_hash(self.prompt_variant, self.adapter.chat_template()),
             label_scheme=scheme_name(labels),
             n=int(n),
+            config_hash=self.config_hash,
+            weights_hash=self.weights_hash,
         )
 
     # ---- the forward ----------------------------------------------------------------------

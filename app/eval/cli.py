@@ -51,6 +51,17 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
 
         return rerank_main(argv[1:])
     config = config_from(argv, prog)
+    from app.eval.datasets import InputError
+
+    try:
+        return _main(config)
+    except InputError as exc:  # a mistake in the user's files or flags: one line
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(config: EvalConfig) -> int:
+    """The run of one parsed command line (see ``main``)."""
     from app.eval.harness import run_evaluation
     from app.eval.protocol_record import resolve_layers
 
@@ -64,10 +75,10 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
         doc = json.loads((config.out / "protocol.json").read_text())
         for run in doc["runs"]:
             f = run["forward_passes"]
-            exact = f"{f['total']}" if f["total"] is not None else f"at most {f['total_at_most']}"
             print(
                 f"N={run['n']} {run['setting']}: {len(run['items'])} items x "
-                f"{run['orderings']['count']} orderings, {exact} forward passes"
+                f"{run['orderings']['count']} orderings, {f['prompt_forwards']} prompt "
+                f"forwards, at most {f['decode_steps_at_most']} decode steps"
             )
         print(f"{config.out}/protocol.json (dry run: no model loaded)")
         return 0

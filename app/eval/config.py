@@ -66,6 +66,13 @@ class EvalConfig:
         help="ours: balanced orderings, cyclic perm_avg; paper: the authors' settings (336 px "
         "bicubic, T = 5 shared orderings, perm_avg over 16 orders, their prompts)",
     )
+    benchmark: str | None = flag(
+        None,
+        choices=("ours", "paper"),
+        help="COCO items: ours (any image, a random caption, negatives in similarity order) "
+        "or paper (the authors' construction: a 20,000-image pool, one caption per image, "
+        "single-caption text cosine, shuffled; needs --instances); default: the protocol's",
+    )
     dry_run: bool = flag(
         False, help="write protocol.json (forward passes included) and stop: no model is loaded"
     )
@@ -119,7 +126,8 @@ class EvalConfig:
     )
     sink_guard: bool = flag(
         MethodConfig.sink_guard,
-        help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math",
+        help="keep sink layers (prior < 1e-6 somewhere) in L*: the reference math "
+        "(--protocol paper: always, the authors have no guard)",
     )
     batch_size: int = flag(16, help="instances per forward")
     threads: int | None = flag(1, help="torch CPU threads")
@@ -184,7 +192,7 @@ class EvalConfig:
             tau=self.tau,
             posterior_variant=self.posterior_variant,
             mixture=self.mixture,
-            sink_guard=self.sink_guard,
+            sink_guard=self.sink_guard and spec(self.protocol).sink_guard,
             use_prior=not self.no_prior,
         )
 
@@ -215,6 +223,10 @@ class EvalConfig:
                 top_k=self.sc_top_k,
             ),
         )
+
+    def benchmark_name(self) -> str:
+        """How COCO items are built: --benchmark, else the protocol's."""
+        return self.benchmark or spec(self.protocol).benchmark
 
     def ordering_count(self, n: int) -> int:
         """T actually used at N: balanced (a multiple of N) or the shared count (<= N!)."""

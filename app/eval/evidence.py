@@ -4,7 +4,9 @@ every method for one (n, setting) run.
 Score methods share one forward per (item, ordering) and go through the engine's own
 ``apply_method`` (the service's dispatch); perm_avg adds the N − 1 other cyclic rotations;
 ``instruction`` is a forward with the instruction prompt on the same loaded model;
-``cot`` and ``self_consistency`` generate through ``app.engine.generate``. Calibration is
+``cot`` and ``self_consistency`` generate through ``app.engine.generate``. Under the
+paper protocol (``Options.answers``) vanilla and instruction are generated too: two greedy
+tokens read by the authors' parser, a parse failure counted wrong. Calibration is
 the engine's ``calibration_instances`` + ``estimate_calibration``, as in the service.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,13 @@ class Options:
     perm_orders: np.ndarray | None = None  # (K, N) perm_avg orders, identity first; None: cyclic
     cot: GenerationSpec = OURS.cot
     self_consistency: GenerationSpec = OURS.self_consistency
+    answers: GenerationSpec | None = None  # vanilla / instruction generated (paper protocol)
     generation_seed: int = 0
+
+    def engine_methods(self, methods: Sequence[str]) -> list[str]:
+        """The methods of ``methods`` that read the shared forward's scores, in EVAL order."""
+        generated = {"vanilla"} if self.answers is not None else set()
+        return [m for m in EVAL_METHODS if m in methods and m in METHODS and m not in generated]
 
 
 def prepare_image(image: Any, options: Options) -> Image.Image:
@@ -195,7 +203,8 @@ def score_methods(
     tick: Tick,
 ) -> None:
     """Every engine method of ``methods`` on the run's instances (one shared forward)."""
-    if not any(m in METHODS for m in methods):
+    engine = options.engine_methods(methods)
+    if not engine:
         return
     scores, attention, ms = forward(runner, run.instances(), options, tick)
     orders = perm_avg_orders(run.n, options)
@@ -204,7 +213,7 @@ def score_methods(
         rotated = [scores] + [
             forward(runner, run.instances(order), options, tick)[0] for order in orders[1:]
         ]
-    for method in (m for m in EVAL_METHODS if m in methods and m in METHODS):
+    for method in engine:
         began = time.perf_counter()
         out = apply_method(
             method,
@@ -231,9 +240,14 @@ def perm_avg_orders(n: int, options: Options) -> np.ndarray:
 
 
 def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
-    """The instruction prompt (DESIGN §2.6) on the same model: vanilla's argmax s."""
+    """The instruction prompt (DESIGN §2.6) on the same model: vanilla's argmax s, or
+    (paper protocol) its generated answer."""
     from app.engine.runner import Runner
 
+    if options.answers is not None:
+        spec_ = replace(options.answers, prompt_variant="instruction")
+        generation(runner, run, "instruction", options, tick, spec_)
+        return
     other = Runner(
         runner.adapter,
         model_id=runner.model_id,
@@ -245,15 +259,28 @@ def instruction(runner: Any, run: Run, options: Options, tick: Tick) -> None:
     run.add("instruction", debias.softmax(scores), 1, ms)
 
 
-def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick) -> None:
-    """cot (one path) or self_consistency (samples, majority vote) under the protocol's
-    GenerationSpec: its prompt, budget, sampling settings and answer parser."""
+def generation(
+    runner: Any,
+    run: Run,
+    method: str,
+    options: Options,
+    tick: Tick,
+    g_spec: GenerationSpec | None = None,
+) -> None:
+    """cot (one path), self_consistency (samples, majority vote) or a generated vanilla /
+    instruction under its GenerationSpec (default: the protocol's for ``method``): its
+    prompt, budget, sampling settings, inherited or explicit, and answer parser."""
     from app.engine.answers import majority_vote, parse_answer_paper
     from app.engine.generate import generate_answers
     from app.engine.labels import resolve_labels
+    from app.engine.prompts import prompt_text
 
-    g_spec = options.self_consistency if method == "self_consistency" else options.cot
+    if g_spec is None:
+        g_spec = options.self_consistency if method == "self_consistency" else options.cot
     labels = resolve_labels(options.labels, run.n)
+    template = g_spec.prompt
+    if g_spec.prompt_variant is not None:  # the score prompt, with its caption left open
+        template = prompt_text("{query}", labels, g_spec.prompt_variant)
     instances = run.instances()
     probabilities, predicted, generations, ms, cost = [], [], [], [], []
     for start in range(0, len(instances), options.batch_size):
@@ -262,13 +289,15 @@ def generation(runner: Any, run: Run, method: str, options: Options, tick: Tick)
             runner,
             _items(chunk, options),
             options.labels,
-            template=g_spec.prompt,
+            template=template,
             samples=g_spec.samples,
             temperature=g_spec.temperature if g_spec.do_sample else 0.0,
             max_new_tokens=g_spec.max_new_tokens,
             top_k=g_spec.top_k,
             top_p=g_spec.top_p,
             seed=options.generation_seed + start,
+            inherit=g_spec.inherit,
+            eos=g_spec.eos,
         )
         for g in outs:
             answers = g.answers

@@ -16,7 +16,14 @@ from typing import Any
 
 from app.eval import plots, report
 from app.eval.config import EvalConfig
-from app.eval.datasets import DEFAULT_SETTINGS, Dataset, check_disjoint, open_dataset
+from app.eval.datasets import (
+    DEFAULT_SETTINGS,
+    Dataset,
+    InputError,
+    check_disjoint,
+    check_images,
+    open_dataset,
+)
 from app.eval.evidence import (
     GENERATION_METHODS,
     Options,
@@ -33,9 +40,15 @@ from app.eval.protocol import item_orderings
 from app.eval.protocol_record import protocol_entry, tile_budget, write_protocol
 from app.eval.records import run_key, write_records
 
+AUTHORS_SEED = 42
+"""The authors' builder's --seed: the default item seed of ``--benchmark paper``."""
 
-def _default_seeds(name: str) -> tuple[int, int]:
-    """(evaluation, calibration) seeds: the world's eval / calibration splits for synthetic."""
+
+def _default_seeds(name: str, benchmark: str = "ours") -> tuple[int, int]:
+    """(evaluation, calibration) seeds: the world's eval / calibration splits for synthetic,
+    the authors' 42 for their COCO construction."""
+    if name == "coco" and benchmark == "paper":
+        return AUTHORS_SEED, 2
     if name == "synthetic":
         from app.eval.datasets.synthetic import CALIBRATION_SEED, EVAL_SEED
 
@@ -53,7 +66,12 @@ def _datasets(runner: Any, config: EvalConfig) -> tuple[Dataset, Dataset]:
         "negatives": spec(config.protocol).negatives,
     }
     main = open_dataset(
-        config.dataset, data=config.data, images=config.images, instances=config.instances, **common
+        config.dataset,
+        data=config.data,
+        images=config.images,
+        instances=config.instances,
+        benchmark=config.benchmark_name() if config.dataset == "coco" else "ours",
+        **common,
     )
     if config.calibration_dataset is None and config.calibration_data is None:
         return main, main
@@ -114,7 +132,14 @@ def plan_run(
     )
     check_disjoint(items, calibration_items)
     if len(calibration_items) < config.calibration:
-        raise ValueError(f"only {len(calibration_items)} calibration items outside the eval items")
+        raise InputError(
+            f"{getattr(other, 'source', other.name)}: only {len(calibration_items)} of the "
+            f"--calibration {config.calibration} items with N={n} are left outside the "
+            f"{len(items)} evaluation items (an item whose matching image is evaluated is "
+            "never a calibration item); lower --items or --calibration, or add items"
+        )
+    for dataset, drawn in ((main, items), (other, calibration_items)):
+        check_images(drawn, getattr(dataset, "source", dataset.name))
     p = config.protocol_spec()
     t = config.ordering_count(n)
     if p.orderings == "balanced":
@@ -132,6 +157,7 @@ def plan_run(
         perm_orders=perm_orders,
         cot=p.cot,
         self_consistency=p.self_consistency,
+        answers=p.answers,
         generation_seed=config.generation_seed,
     )
     return RunPlan(
@@ -149,6 +175,7 @@ def evaluate_run(
     instances = plan.orderings.shape[0] * plan.orderings.shape[1]
     k = None if options.perm_orders is None else len(options.perm_orders)
     total = planned_forwards(config.methods, n, instances, len(plan.calibration_items), k)
+    total += instances * (options.answers is not None and "vanilla" in config.methods)
     spec_ = config.protocol_spec()
     with (
         _progress(config, total, f"N={n} {plan.setting}") as bar,
@@ -159,6 +186,8 @@ def evaluate_run(
             calibration = replace(calibration, bias_matrix=0.0 * calibration.bias_matrix)
         run = Run(n, plan.setting, dataset, plan.items, plan.orderings, [])
         score_methods(runner, run, calibration, config.methods, options, bar.update)
+        if options.answers is not None and "vanilla" in config.methods:  # paper: generated
+            generation(runner, run, "vanilla", options, bar.update, options.answers)
         if "instruction" in config.methods:
             instruction(runner, run, options, bar.update)
         for method in GENERATION_METHODS:
@@ -170,7 +199,7 @@ def evaluate_run(
         eval_setting=plan.setting,
         dataset=plan.calibration_dataset,
         layers=list(runner.layers),
-        sink_guard=config.sink_guard,
+        sink_guard=config.method_config().sink_guard,
     )
     return run, evidence
 
@@ -182,7 +211,7 @@ def run_evaluation(runner: Any, config: EvalConfig) -> dict[str, Any]:
     ``config.dry_run`` (or no runner) that is all, and no model is needed."""
     started = time.perf_counter()
     config.out.mkdir(parents=True, exist_ok=True)
-    eval_seed, calibration_seed = _default_seeds(config.dataset)
+    eval_seed, calibration_seed = _default_seeds(config.dataset, config.benchmark_name())
     config.eval_seed = eval_seed if config.eval_seed is None else config.eval_seed
     if config.calibration_seed is None:
         config.calibration_seed = calibration_seed

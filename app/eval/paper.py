@@ -55,18 +55,22 @@ PAPER_SC_PROMPT = (
 
 @dataclass(frozen=True)
 class GenerationSpec:
-    """Every setting of one generation baseline, passed explicitly to ``generate`` (none is
-    inherited from a checkpoint's generation_config)."""
+    """Every setting of one generated answer. "ours": all passed explicitly to ``generate``
+    (the checkpoint's generation_config set aside). ``inherit`` (the authors'): the
+    checkpoint's generation_config stays and only these are passed; None: not passed."""
 
-    prompt: str
+    prompt: str  # a CoT template (app.engine.answers.cot_prompt_text); see prompt_variant
     max_new_tokens: int
     do_sample: bool
     temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    top_k: int | None = 0
+    top_p: float | None = 1.0
     samples: int = 1
     parser: str = "ours"  # "ours": app.engine.answers.parse_answer; "paper": theirs
     no_vote: str = "wrong"  # self_consistency without a parsed answer: "wrong" or "first"
+    inherit: bool = False  # keep the checkpoint's generation_config (the authors' calls)
+    eos: str = "ours"  # end token passed: "ours", "tokenizer" or "config" (none passed)
+    prompt_variant: str | None = None  # the §2.6 score prompt of this variant, not ``prompt``
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,9 @@ class ProtocolSpec:
     self_consistency: GenerationSpec
     calibration: str  # where the M calibration items come from
     negatives: str  # the exclusion rule of COCO / Flickr negatives (datasets.base)
+    benchmark: str = "ours"  # COCO items: "ours" (datasets.base) or "paper" (coco_paper)
+    sink_guard: bool = True  # False: sink layers stay in L* whatever --sink-guard says
+    answers: GenerationSpec | None = None  # vanilla / instruction generated; None: label argmax
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +115,39 @@ OURS = ProtocolSpec(
     negatives="ours",
 )
 
+PAPER_NOTES: tuple[str, ...] = (
+    "calibration items: the authors calibrate on the first M evaluation items; here they "
+    "are M items disjoint from the evaluation items (as the paper's text says)",
+    "perm_avg orders are drawn once per run and shared by every instance (the authors "
+    "draw them per instance)",
+    "Λ: the authors' --layer-range 21 35, clipped to the model's depth",
+    "sink guard off, as the authors have none (sink layers can enter L*)",
+    "vanilla and instruction: two greedy tokens and the last number in 1..N of the text, "
+    "a parse failure counted wrong (unparseable_pct in metrics.json); pride / agd read the "
+    "restricted label log-probabilities of one forward (§2.1)",
+    "generation (vanilla, instruction, cot, self_consistency): the checkpoint's "
+    "generation_config stays and only the authors' settings are passed (greedy: "
+    "temperature 1.0, num_beams 1; self_consistency: temperature 0.7, top_k 40, the "
+    "tokenizer's eos and pad), so e.g. its top_p or repetition_penalty apply",
+    "self_consistency draws its samples in one generate call (num_return_sequences), the "
+    "authors in one call each: the same distribution, other random numbers",
+    "pride / agd scores: the raw logits of one forward; the authors read generate's first "
+    "step, after the checkpoint's logits processors (e.g. a repetition_penalty of the "
+    "prompt's digits)",
+    "one seed per stream (orderings, perm_avg, items, generation) instead of the authors' "
+    "single random.seed / set_seed(42); COCO items (--benchmark paper) follow their "
+    "builder's own random stream from --eval-seed (theirs: 42)",
+    "COCO items (--benchmark paper): CLIP is transformers' CLIPModel from --clip in float32 "
+    "(the authors: the openai clip package, float16 on a GPU), so near-tied adversarial "
+    "neighbours can differ; captions longer than CLIP's context are truncated (theirs fail)",
+)
+"""Every remaining difference between ``--protocol paper`` and the authors' runs."""
+
+PAPER_ANSWER = GenerationSpec(
+    "", 2, do_sample=False, parser="paper", inherit=True, eos="config", prompt_variant="vanilla"
+)
+"""The authors' vanilla and instruction: two greedy tokens, the last number in 1..N."""
+
 PAPER = ProtocolSpec(
     name="paper",
     image_size=(336, 336),
@@ -117,26 +157,28 @@ PAPER = ProtocolSpec(
     perm_avg="random",
     perm_avg_orders=16,
     layers=(21, 35),
-    cot=GenerationSpec(PAPER_COT_PROMPT, 1024, do_sample=False, parser="paper"),
+    cot=GenerationSpec(
+        PAPER_COT_PROMPT, 1024, do_sample=False, parser="paper", inherit=True, eos="config"
+    ),
     self_consistency=GenerationSpec(
         PAPER_SC_PROMPT,
         512,
         do_sample=True,
         temperature=0.7,
         top_k=40,
+        top_p=None,
         samples=10,
         parser="paper",
         no_vote="first",
+        inherit=True,
+        eos="tokenizer",
     ),
     calibration="M items disjoint from the evaluation items (own seed)",
     negatives="paper",
-    notes=(
-        "the authors calibrate on the first M evaluation items; here calibration items are "
-        "disjoint from the evaluation items (as the paper's text says)",
-        "perm_avg orders are drawn once per run and shared by every instance (the authors "
-        "draw them per instance)",
-        "Λ: the authors' --layer-range 21 35, clipped to the model's depth",
-    ),
+    benchmark="paper",
+    sink_guard=False,
+    answers=PAPER_ANSWER,
+    notes=PAPER_NOTES,
 )
 
 

@@ -27,24 +27,44 @@ QUERY = "{query}"
 """Stands for the caption in the prompts written to protocol.json."""
 
 
-def model_depth(model: str) -> int | None:
-    """L of a local or cached model from its config alone (no weights); None if unknown."""
-    from transformers import AutoConfig
-
+def model_file(model: str, name: str) -> dict[str, Any] | None:
+    """A JSON file of a local or cached checkpoint (config.json, generation_config.json),
+    read as JSON: no weights, no class lookup, so no remote-code prompt; None if absent."""
     from app.models.loader import DEMO_MODEL_DIR
 
+    where = Path(DEMO_MODEL_DIR) if model == "demo" else Path(model)
+    path: Any = where / name if where.is_dir() else None
+    if path is None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(model, name)
+        except (ImportError, ValueError):
+            return None
+    if not isinstance(path, str | Path) or not Path(path).is_file():
+        return None
     try:
-        config = AutoConfig.from_pretrained(
-            str(DEMO_MODEL_DIR) if model == "demo" else model, local_files_only=True
-        )
+        doc = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    for sub in ("text_config", "llm_config"):
-        inner = getattr(config, sub, None)
-        if inner is not None and getattr(inner, "num_hidden_layers", None):
-            return int(inner.num_hidden_layers)
-    depth = getattr(config, "num_hidden_layers", None)
-    return None if depth is None else int(depth)
+    return doc if isinstance(doc, dict) else None
+
+
+DEPTH_KEYS = ("num_hidden_layers", "num_layers", "n_layer")
+NESTED_CONFIGS = ("text_config", "llm_config", "language_config", "text_model_config")
+
+
+def model_depth(model: str) -> int | None:
+    """L of a local or cached model from its config.json alone; None if unknown."""
+    config = model_file(model, "config.json")
+    if config is None:
+        return None
+    for where in [*(config.get(k) for k in NESTED_CONFIGS), config]:
+        if isinstance(where, dict):
+            for key in DEPTH_KEYS:
+                if isinstance(where.get(key), int) and where[key] > 0:
+                    return int(where[key])
+    return None
 
 
 def resolve_layers(config: Any) -> list[int] | None:
@@ -100,35 +120,43 @@ def _prompts(config: Any, n: int, runner: Any) -> dict[str, Any]:
     return out
 
 
-def _forwards(config: Any, n: int, instances: int, calibration: int, k: int) -> dict[str, Any]:
-    """Model forwards per instance of each method, and the run's total (generation: at most)."""
+def _generated(config: Any) -> dict[str, Any]:
+    """method -> its GenerationSpec, for every method of the run that generates text."""
     p = config.protocol_spec()
+    specs = {"cot": p.cot, "self_consistency": p.self_consistency}
+    if p.answers is not None:
+        specs |= {"vanilla": p.answers, "instruction": p.answers}
+    return {m: g for m, g in specs.items() if m in config.methods}
+
+
+def _forwards(config: Any, n: int, instances: int, calibration: int, k: int) -> dict[str, Any]:
+    """The cost of one run: prompt forwards (a sampled sequence's prefill counts once) and
+    decode steps (at most: every sequence runs to its token budget), per instance and total."""
+    generated = _generated(config)
     per: dict[str, Any] = {}
+    prompts = decode = 0
     for m in config.methods:
-        if m in METHODS:
-            per[m] = k if m == "perm_avg" else 1
-        elif m == "instruction":
-            per[m] = 1
+        if m in generated:
+            g = generated[m]
+            per[m] = f"{g.samples} prompt + <= {g.samples * (g.max_new_tokens - 1)} decode steps"
+            prompts += g.samples
+            decode += g.samples * (g.max_new_tokens - 1)
         else:
-            g = p.self_consistency if m == "self_consistency" else p.cot
-            per[m] = f"<= {g.samples * g.max_new_tokens} (1 prompt + decode steps, x samples)"
-    shared = 1 if any(m in METHODS for m in config.methods) else 0
-    total = calibration * n + instances * shared
-    total += instances * (k - 1) * ("perm_avg" in config.methods)
-    total += instances * ("instruction" in config.methods)
-    bound = total + sum(
-        instances * g.samples * g.max_new_tokens
-        for m, g in (("cot", p.cot), ("self_consistency", p.self_consistency))
-        if m in config.methods
-    )
+            per[m] = k if m == "perm_avg" else 1
+    shared = any(m in METHODS and m not in generated for m in config.methods)
+    prompts += int(shared) + (k - 1) * ("perm_avg" in config.methods)
+    prompts += int("instruction" in config.methods and "instruction" not in generated)
+    total_prompts = calibration * n + instances * prompts
     return {
         "per_instance": per,
-        "shared": "vanilla, pride, attn_raw, attn_pure and agd read one forward per instance; "
-        "perm_avg adds K - 1",
+        "shared": "pride, attn_raw, attn_pure and agd (and vanilla when scored) read one "
+        "forward per instance; perm_avg adds K - 1",
         "calibration": calibration * n,
         "needs_calibration": sorted(set(config.methods) & NEEDS_CALIBRATION),
-        "total": total if bound == total else None,
-        "total_at_most": bound,
+        "prompt_forwards": total_prompts,
+        "decode_steps_at_most": instances * decode,
+        "total": total_prompts if decode == 0 else None,
+        "total_at_most": total_prompts + instances * decode,
     }
 
 
@@ -189,6 +217,7 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
             "clip": _s(config.clip),
             "calibration_dataset": config.calibration_dataset or config.dataset,
             "negatives": p.negatives,
+            "benchmark": config.benchmark_name(),
         },
         "seeds": {
             "eval": config.eval_seed,
@@ -202,7 +231,8 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
             "resample": "bicubic" if p.image_size is not None else None,
             "tile_cap": "min(12, 28 // N) tiles (tiling processors: InternVL)"
             if p.tile_cap
-            else "the processor's own",
+            else "InternVL: min(max_patches, 28 // N) tiles (the adapter's cap); "
+            "others: the processor's own",
             "then": "the model's own processor",
         },
         "methods": list(config.methods),
@@ -212,10 +242,15 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
             "prompt_variant": config.prompt_variant,
             "layers": layers if layers is not None else "round(0.58 L) .. L-1",
         },
+        "answers": _answers(p),
         "generation": {
             "cot": asdict(p.cot),
             "self_consistency": asdict(p.self_consistency),
-            "inherited_from_checkpoint": False,
+            **({} if p.answers is None else {"vanilla_and_instruction": asdict(p.answers)}),
+            "inherited_from_checkpoint": p.cot.inherit,
+            "checkpoint_generation_config": model_file(config.model, "generation_config.json")
+            if p.cot.inherit
+            else None,
         },
         "calibration": {
             "items": config.calibration,
@@ -226,6 +261,18 @@ def write_protocol(path: Path, config: Any, runner: Any, runs: Sequence[dict[str
         "runs": list(runs),
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _answers(p: Any) -> dict[str, str]:
+    """How vanilla and instruction choose (the score methods always read label scores)."""
+    if p.answers is None:
+        how = "argmax of the restricted label log-probabilities of one forward (§2.1)"
+    else:
+        how = (
+            f"generated: {p.answers.max_new_tokens} greedy tokens, the last number in "
+            "1..N of the text (the authors' regex); a parse failure counts as wrong"
+        )
+    return {"vanilla": how, "instruction": how}
 
 
 def _s(value: Any) -> str | None:

@@ -306,7 +306,7 @@ def render(metrics: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = command_parser(prog="lad eval rerank", description=__doc__.splitlines()[0])
+    p = command_parser(prog="lad eval rerank", description=__doc__.split("\n\n")[0])
     add = p.add_argument
     add("--model", default="demo")
     add("--candidates", type=int, nargs="*", default=[16, 32], help="C to rerank")

@@ -265,7 +265,7 @@ def run_stream(
     from app.eval.harness import _datasets, _default_seeds
 
     started = time.perf_counter()
-    eval_seed, calibration_seed = _default_seeds(config.dataset)
+    eval_seed, calibration_seed = _default_seeds(config.dataset, config.benchmark_name())
     eval_seed = config.eval_seed if config.eval_seed is not None else eval_seed
     calibration_seed = (
         config.calibration_seed if config.calibration_seed is not None else calibration_seed

@@ -23,7 +23,9 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from app.engine.identity import served_name
 from app.engine.runner import Runner
+from app.models import hub_access
 from app.models.registry import UnsupportedModelError, adapter_for
 
 log = logging.getLogger("lad.model")
@@ -138,8 +140,12 @@ def load_runner(
     min_pixels: int | None = None,
     device_map: str | None = None,
     trust_remote_code: bool = False,
+    served_model_name: str | None = None,
 ) -> Runner:
     """Load ``model`` (hub name, local directory, or ``"demo"``) and wrap it in a Runner.
+
+    The runner's ``model_id`` is the name it is served under: ``served_model_name``, else
+    the hub id or the local directory's own name (``app.engine.identity.served_name``).
 
     ``threads`` sets torch's intra-op thread count before loading (None: leave it).
     ``max_pixels`` / ``min_pixels`` bound each image's pixels through the family's
@@ -152,6 +158,7 @@ def load_runner(
     if threads is not None:
         torch.set_num_threads(int(threads))
     quiet_progress_bars()
+    hub_access.log_once()
     started = time.perf_counter()
     source = str(DEMO_MODEL_DIR) if model == "demo" else model
     if model == "demo" and not (DEMO_MODEL_DIR / "config.json").is_file():
@@ -172,6 +179,10 @@ def load_runner(
             model,
             revision or "default, not pinned",
         )
+    if _is_hub_name(source):  # known at once, not after 28 s of retries (app.models.hub_access)
+        cause = hub_access.unavailable(source, revision)
+        if cause is not None:
+            raise _unreachable(model, revision, cause)
     remote = {"trust_remote_code": bool(trust_remote_code)}
     config = _pretrained(partial(AutoConfig.from_pretrained, **remote), model, source, revision)
     try:
@@ -201,15 +212,18 @@ def load_runner(
             log.info("image budget: %s", budget)
     runner = Runner(
         adapter_cls(loaded, processor),
-        model_id=model,
+        model_id=served_name(model, served_model_name),
         revision=revision,
         layers=layers,
         prompt_variant=prompt_variant,
     )
     log.info(
-        "model %s ready in %.1f s (layers Λ = %s)",
+        "model %s loaded in %.1f s as %r (config %s, weights %s; layers Λ = %s)",
         model,
         time.perf_counter() - started,
+        runner.model_id,
+        runner.config_hash,
+        runner.weights_hash,
         ",".join(str(x) for x in runner.layers),
     )
     return runner

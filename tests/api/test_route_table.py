@@ -83,6 +83,20 @@ def test_the_app_serves_exactly_the_table(client):
         assert (model.__name__ if model is not None else None) == route.response, route.name
 
 
+def test_an_alias_is_its_target_under_another_path(client):
+    """/v2/rerank and /rerank are POST /v1/rerank: one handler, one contract."""
+    served = _served(client.app)
+    aliases = [r for r in ROUTES if r.alias_of is not None]
+    assert {r.path for r in aliases} == {"/v2/rerank", "/rerank"}
+    for alias in aliases:
+        target = BY_NAME[alias.alias_of]
+        same = ("method", "response", "errors", "auth", "content_types", "request")
+        assert all(getattr(alias, f) == getattr(target, f) for f in same), alias.name
+        assert (alias.form_files, alias.body_limit) == (target.form_files, target.body_limit)
+        handler = served[(alias.method, alias.path)].endpoint
+        assert handler is served[(target.method, target.path)].endpoint, alias.name
+
+
 def test_the_document_has_every_route_its_body_and_its_error_codes(client):
     document = client.get("/openapi.json").json()
     documented = {(m.upper(), p) for p, ops in document["paths"].items() for m in ops}

@@ -1,6 +1,6 @@
 """`pip install ./clients/python` alone: a fresh virtual environment (no system site
-packages) gets lad-client and its three dependencies, and no torch, transformers,
-matplotlib or service code.
+packages) gets lad-client and its two dependencies (httpx, pydantic; Pillow is the
+``pillow`` extra), and no torch, transformers, matplotlib or service code.
 
 pip installs from the machine's configured package index (and its local wheel folders,
 ``pip config list`` shows them); the test needs them reachable.
@@ -25,6 +25,7 @@ CLIENT = ROOT / "clients" / "python"
 PROBE = r"""
 import importlib.metadata as md, json, sys
 import httpx
+import lad_client
 from lad_client import LadClient, LadError
 from lad_client.types import RETRIEVE_EXAMPLE, MAX_CALIBRATION_EXAMPLES
 
@@ -53,6 +54,7 @@ print(json.dumps({
     "index": got.index, "code": code, "loaded": sorted(m for m in heavy if m in sys.modules),
     "dists": sorted(dists), "max": MAX_CALIBRATION_EXAMPLES,
     "file": sys.modules["lad_client"].__file__,
+    "version": [lad_client.__version__, md.version("lad-client")],
 }))
 """
 
@@ -90,5 +92,7 @@ def test_the_client_installs_alone_into_a_fresh_venv(tmp_path: Path) -> None:
     assert found["max"] == 64
     assert found["loaded"] == []
     assert Path(found["file"]).is_relative_to(env_dir)  # the installed copy, not the checkout
-    assert {"lad-client", "httpx", "pydantic", "pillow"} <= set(found["dists"])
-    assert not {"torch", "transformers", "matplotlib", "lad-serve", "numpy"} & set(found["dists"])
+    assert {"lad-client", "httpx", "pydantic"} <= set(found["dists"])
+    unwanted = {"torch", "transformers", "matplotlib", "lad-serve", "numpy", "pillow"}
+    assert not unwanted & set(found["dists"])  # bytes were sent: no Pillow needed
+    assert found["version"][0] == found["version"][1]  # pyproject reads lad_client.__version__

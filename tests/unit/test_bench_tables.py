@@ -4,6 +4,7 @@ service bench's per-stage arithmetic adds up."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,3 +97,45 @@ def test_stage_breakdown_splits_the_service_time() -> None:
 
 def test_benchmarks_page_is_current() -> None:
     assert tables.main(["--check"]) == 0, "run `python -m tools.docs bench --write`"
+
+
+def test_figures_in_prose_are_filled_from_the_records(tmp_path) -> None:
+    from tools.docs import figures
+
+    cells = [_cell("sdpa", 4, 10.0, 5.0), _cell("agd", 4, 10.3, 5.5), _cell("agd", 12, 9.9, 5)]
+    cells[1]["repeat_ratios"] = [0.98, 1.04]
+    (tmp_path / "a.json").write_text(json.dumps({"cells": cells, "summary": {"x": 1.637}}))
+    (tmp_path / "b.json").write_text(json.dumps({"cells": [_cell("agd", 4, 20.0, 1.0)]}))
+
+    def fig(record: str, path: str, spec: str, shown: str = "stale") -> str:
+        return f"<!-- fig {record} {path} {spec} -->{shown}<!-- /fig -->"
+
+    text = " ".join(
+        [
+            fig("a.json", "summary.x", ".2f"),
+            fig("a.json", "cells[variant=agd,n=4].repeat_ratios", "range.2f"),
+            fig("a.json", "cells[variant=agd,n=4].median_ms/cells[variant=sdpa].median_ms", ".3f"),
+            fig("*.json", "cells[variant=agd].median_ms", "range.1f"),
+            fig("a.json", "cells[variant=agd].median_ms", "max.0f"),
+        ]
+    )
+    out, problems = figures.fill(text, tmp_path)
+    assert problems == []
+    shown = re.findall(r"-->([^<]*)<!-- /fig", out)
+    assert shown == ["1.64", "0.98–1.04", "1.030", "9.9–20.0", "10"]
+    assert figures.fill(out, tmp_path) == (out, [])  # idempotent
+    broken = fig("a.json", "cells[variant=agd].median_ms", ".1f") + fig("c.json", "x", ".1f")
+    out, problems = figures.fill(broken, tmp_path)
+    assert out == broken and len(problems) == 2  # two values for one figure; no record
+    assert "use range" in problems[0] and "no record" in problems[1]
+
+
+def test_the_benchmarks_prose_states_no_ratio_by_hand() -> None:
+    """A three-decimal ratio in the page's prose is a figure of a record: generated, never
+    typed (the 1.034 / 0.932 that stayed under a table saying 1.023 / 0.967)."""
+    from tools.docs import figures
+
+    prose = figures.prose(tables.PAGE.read_text())
+    typed = re.findall(r"(?<![\d.])(?<!fastapi )[01]\.\d{3}(?![\d.])", prose)
+    assert typed == [], typed
+    assert prose.count("\n") > 100 and tables.PAGE.read_text().count("<!-- fig ") >= 40

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,27 @@ def test_unknown_command_is_a_usage_error() -> None:
     assert done.returncode == 2 and "unknown command" in done.stderr
 
 
+def prose(help_text: str) -> list[str]:
+    """The sentences of a --help: its description, group descriptions and epilog, each
+    paragraph unwrapped (not the usage, the option lines or indented examples)."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", help_text):
+        lines = paragraph.splitlines()
+        if not lines or lines[0].startswith(("usage:", " ")):
+            continue
+        if lines[0].endswith(":") and len(lines) > 1 and lines[1].startswith(" "):
+            lines = lines[1:]  # a group's title, then its description before its options
+        lines = lines[: next((i for i, x in enumerate(lines) if re.match(r"\s+-", x)), None)]
+        if lines:
+            found.append(" ".join(x.strip() for x in lines))
+    return found
+
+
+def test_the_prose_of_a_help_is_found() -> None:
+    text = "usage: lad x\n\nFirst line\ncut at a word\n\noptions:\n  -h  help\n\nend."
+    assert prose(text) == ["First line cut at a word", "end."]
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_command_help_imports_no_torch_and_shows_defaults(command: str) -> None:
     done = lad(*command.split(), "--help")
@@ -56,6 +78,34 @@ def test_command_help_imports_no_torch_and_shows_defaults(command: str) -> None:
     assert done.stdout.startswith(f"usage: lad {command}")
     assert "HEAVY: \n" in done.stdout, f"`lad {command} --help` imported torch"
     assert "default" in done.stdout
+    help_text = done.stdout.split("HEAVY:")[0]
+    assert prose(help_text), f"`lad {command} --help` says nothing about the command"
+    for paragraph in prose(help_text):  # never cut mid-sentence (a docstring's first line)
+        assert paragraph[-1] in ".:)?!`", f"`lad {command} --help` is cut: ...{paragraph[-60:]}"
+
+
+def test_lad_help_lists_the_subcommands_that_modules_dispatch() -> None:
+    """`lad eval rerank` is dispatched by app.eval.cli too; the overview names it."""
+    assert "eval rerank" in COMMANDS and COMMANDS["eval rerank"][0] == "app.eval.rerank"
+    assert "lad eval rerank" in lad("--help").stdout
+
+
+def test_boolean_options_are_flags_that_still_take_a_value() -> None:
+    from app.eval.cli import config_from
+    from app.serve import build_parser, settings_from
+
+    assert settings_from(["--trust-remote-code"]).trust_remote_code is True
+    assert settings_from(["--trust-remote-code", "false"]).trust_remote_code is False
+    assert settings_from(["--allow-open-admin", "TRUE"]).allow_open_admin is True
+    assert settings_from(["--no-sink-guard"]).sink_guard is False
+    assert settings_from([]).trust_remote_code is False
+    with pytest.raises(SystemExit):
+        settings_from(["--trust-remote-code", "maybe"])
+    shown = build_parser().format_help()
+    assert "--trust-remote-code [true|false], --no-trust-remote-code" in shown
+    assert config_from(["--dry-run", "--zero-bias", "false"]).dry_run is True
+    assert config_from(["--sink-guard", "false"]).sink_guard is False
+    assert config_from(["--no-sink-guard", "--quiet"]).progress is False
 
 
 def test_serve_help_offers_every_setting_but_the_tokens() -> None:
@@ -86,3 +136,14 @@ def test_flags_override_the_environment(monkeypatch) -> None:
     settings = settings_from(["--max-batch-size", "16", "--layers", "2-3"])
     assert settings.max_batch_size == 16 and settings.port == 9000
     assert settings.layers == [2, 3]
+
+
+def test_each_exit_status_is_documented_in_the_help_and_the_operations_page() -> None:
+    from app.serve import EXIT_CODES, build_parser
+    from tools.docs import exit_codes
+
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES), "one cause per status"
+    shown = " ".join(build_parser().format_help().split())
+    for code, text in EXIT_CODES.items():
+        assert f"{code} {text}" in shown
+    assert exit_codes.main(["--check"]) == 0, "run `python -m tools.docs exits --write`"

@@ -102,3 +102,52 @@ def test_a_page_becomes_one_script_and_its_output_splits_per_block(tmp_path: Pat
     got = outputs(done.stdout)
     assert done.returncode == 0 and got["0"].strip() == "http://x:1" and got["1"].strip() == "42"
     assert "end" in got
+
+
+def test_the_tools_commands_run_in_the_venv_that_scripts_dev_makes() -> None:
+    """`python -m tools.render_examples` with the system Python has no numpy: the pages
+    name the interpreter of the .venv that scripts/dev creates, and the command runs."""
+    assert 'venv="$root/.venv"' in (ROOT / "scripts" / "dev").read_text()
+    readme = re.sub(r"<!--.*?-->", "", (ROOT / "README.md").read_text(), flags=re.S)
+    commands = re.findall(r"([\w./]*)python3? -m ([\w.]+)", readme)
+    assert (".venv/bin/", "tools.render_examples") in commands
+    assert all(where.endswith(".venv/bin/") for where, _ in commands), commands
+    for page in PAGES:
+        for where in re.findall(r"([\w./]*)python -m tools\.render_examples", page.read_text()):
+            assert where.endswith(".venv/bin/"), f"{page.name}: {where}python -m ..."
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.render_examples", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},  # as typed at the root of a checkout: no PYTHONPATH
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_hints_name_the_projects_own_set_up_command() -> None:
+    """A message that says what to install names `scripts/dev setup` (which installs the
+    locked dev dependencies), not an editable pip install the project does not use."""
+    hints = [
+        f"{path.relative_to(ROOT)}"
+        for path in (ROOT / "app").rglob("*.py")
+        if 'pip install -e ".[dev]"' in path.read_text()
+    ]
+    assert hints == []
+    assert "scripts/dev setup" in (ROOT / "app" / "testing" / "qwen_vocab.py").read_text()
+    assert "setup [serve|dev]" in (ROOT / "scripts" / "dev").read_text()
+
+
+def test_each_runnable_page_says_it_runs_against_a_fresh_service() -> None:
+    """As the documentation test runs it (tests/e2e/test_doc_examples.py: one service with
+    an empty store per page), with the token the page exports; a plain `scripts/dev serve`
+    keeps the README's profiles in var/profiles, so the page names the empty store."""
+    for page in PAGES:
+        if not runnable(page):
+            continue
+        token = admin_token(page)
+        command = "LAD_STORE_URL=memory:// " + (f"LAD_ADMIN_TOKEN={token} " if token else "")
+        text = " ".join(page.read_text().split())  # the wrapping undone
+        assert f"{command}scripts/dev serve" in text, page.name
+        assert "fresh service" in text, page.name

@@ -1,8 +1,9 @@
-"""``python -m tools.docs {limits,families,bench,all} [--write | --check]``.
+"""``python -m tools.docs {limits,families,bench,exits,all} [--write | --check]``.
 
 limits    docs/api.md "Limits and errors" (the settings and the error table)
 families  docs/models.md family table (the adapter registry)
 bench     docs/benchmarks.md tables (the JSON records under bench/results/)
+exits     docs/operations.md table of `lad serve` exit statuses (app.serve.EXIT_CODES)
 all       every block above, with the same flag
 
 No flag prints the block(s); ``--write`` rewrites the page in place; ``--check`` exits 1 when
@@ -18,6 +19,7 @@ GENERATORS: dict[str, str] = {
     "limits": "tools.docs.limits",
     "families": "tools.docs.families",
     "bench": "tools.docs.bench_tables",
+    "exits": "tools.docs.exit_codes",
 }
 
 

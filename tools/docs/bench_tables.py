@@ -5,7 +5,9 @@ into the block between its markers, ``<!-- bench:NAME:start ... -->`` and
 ``<!-- bench:NAME:end -->``, so the tables are never typed by hand. ``--write`` rewrites
 docs/benchmarks.md in place, ``--check`` exits 1 when a block is stale, no flag prints the
 blocks.
-A record that is missing leaves its block as it is (with a note on stderr).
+A record that is missing leaves its block as it is (with a note on stderr). The figures in
+the page's prose are regenerated from the same records (``tools.docs.figures``); one that
+cannot be is an error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.bench.engine_cells import render as render_engine
 from app.bench.service_details import Detail, render_details
 from app.bench.service_levels import LevelResult, render_table
 from app.cli_help import command_parser
+from tools.docs import figures
 from tools.docs.blocks import DOCS, ROOT, add_flags, replace_block, sync
 
 RESULTS = ROOT / "bench" / "results"
@@ -259,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             f"block {name!r}: no record or no markers in {PAGE.name}; left as it is",
             file=sys.stderr,
         )
-    return sync(updated, check=args.check, command=COMMAND, page=PAGE)
+    updated, problems = figures.fill(updated, Path(args.results))
+    for problem in problems:
+        print(f"{PAGE.name}: {problem}", file=sys.stderr)
+    return sync(updated, check=args.check, command=COMMAND, page=PAGE) or int(bool(problems))
 
 
 if __name__ == "__main__":

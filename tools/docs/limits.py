@@ -1,5 +1,9 @@
 """docs/api.md's "Limits and errors" tables, generated from the settings and the error table.
 
+What a body limit or a token covers comes from the route table (:func:`covers`), not from
+the setting's description, and docs/configuration.md's rows of those settings must say the
+same (a test compares them), so the two pages cannot disagree on it.
+
 ``python -m tools.docs limits`` prints them; ``--write`` replaces the block between the
 markers in docs/api.md; ``--check`` fails when the page is out of date (a test runs it).
 """
@@ -10,6 +14,7 @@ from app import errors
 from app.api.middleware import SMALL_BODY_BYTES
 from app.api.server import MAX_HEAD_BYTES
 from app.settings import MAX_N, Settings
+from lad_client.routes import ROUTES
 from lad_client.types import MAX_CALIBRATION_EXAMPLES
 from tools.docs.blocks import DOCS, block_command, read_block
 
@@ -48,7 +53,7 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("max_queue", "429 `overloaded` with `Retry-After` (queue depth x measured batch time)"),
     ("max_pixels", "images are downscaled to the model's budget (no error)"),
     ("drain_timeout_s", "on SIGTERM, requests still running after it are cancelled"),
-    ("admin_token", "401 `unauthorized` / 403 `forbidden` on calibrate, delete, rollback"),
+    ("admin_token", "401 `unauthorized` / 403 `forbidden` on the routes that need it"),
     ("allow_open_admin", "`lad serve` refuses a non-loopback bind without LAD_ADMIN_TOKEN"),
     ("min_admin_token_chars", "`lad serve` refuses a non-loopback bind with a shorter token"),
 )
@@ -90,6 +95,29 @@ FIXED: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _routes(kept: list[str]) -> str:
+    quoted = [f"`{r}`" for r in kept]
+    return ", ".join(quoted[:-1]) + f" and {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+
+
+def covers(name: str) -> str | None:
+    """What the setting ``name`` applies to, read from the route table (None: a setting the
+    route table does not scope)."""
+    if name in ("max_body_bytes", "max_calibrate_body_bytes"):
+        paths = [r.path for r in ROUTES if r.body_limit == name]
+        return f"request body of {_routes(paths)}, counted as it arrives (chunked too)"
+    api_key = [f"{r.method} {r.path}" for r in ROUTES if r.auth == "api_key"]
+    if name == "admin_token":
+        admin = [f"{r.method} {r.path}" for r in ROUTES if r.auth == "admin"]
+        return (
+            f"bearer token required by {_routes(admin)} (unset: open); also accepted "
+            f"by {_routes(api_key)} where LAD_RETRIEVE_TOKEN guards them"
+        )
+    if name == "retrieve_token":
+        return f"bearer token required by {_routes(api_key)} (unset: open)"
+    return None
+
+
 def _default(name: str) -> str:
     value = Settings.model_fields[name].default
     if isinstance(value, list):
@@ -103,10 +131,8 @@ def tables() -> str:
     """The generated block (without the markers)."""
     lines = ["| Limit | Setting | Default | Past it |", "|:--|:--|--:|:--|"]
     for name, answer in LIMITS:
-        field = Settings.model_fields[name]
-        lines.append(
-            f"| {field.description} | `LAD_{name.upper()}` | `{_default(name)}` | {answer} |"
-        )
+        what = covers(name) or Settings.model_fields[name].description
+        lines.append(f"| {what} | `LAD_{name.upper()}` | `{_default(name)}` | {answer} |")
     for what, value, answer in FIXED:
         lines.append(f"| {what} | fixed | {value} | {answer} |")
     lines += ["", "| Status | Code | Meaning |", "|--:|:--|:--|"]

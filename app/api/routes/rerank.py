@@ -1,4 +1,5 @@
-"""POST /v1/rerank: JSON (base64 / data URL documents) or multipart/form-data (image files)."""
+"""POST /v1/rerank: JSON (base64 / data URL documents) or multipart/form-data (image files);
+the same handler answers POST /v2/rerank (Cohere's ClientV2) and POST /rerank (vLLM's path)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ from fastapi import APIRouter, Request
 
 from app.api.bodies import read_query_body
 from app.api.deps import ServiceDep, SettingsDep
-from app.api.registry import register
+from app.api.registry import Handler, register
+from lad_client.routes import RERANK_ALIASES
 from lad_client.types import RerankOptions, RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
 
 DESCRIPTION = """Order up to LAD_MAX_RERANK_CANDIDATES candidate images by how well they match
 `query`, position-debiased. Up to the window size (default: the largest N the profile is
-calibrated for) the documents are one prompt. Above it a **windowed tournament** runs: each
+calibrated for; LAD_MAX_IMAGES for vanilla, attn_raw and perm_avg, which read no profile) the
+documents are one prompt. Above it a **windowed tournament** runs: each
 round the surviving documents are shuffled with `seed` (returned in `meta`) and dealt into
 near-equal windows of at most `window` images; every window is scored (all windows of a round
 in one batch of forward passes) and debiased with the profile of its own N; the best
@@ -24,13 +27,21 @@ documents by the round they reached, then by their probability in their last win
 `relevance_score` follows that order across windows (see its description).
 `meta.forward_passes` is what it cost (perm_avg: N passes per window); `usage` sums it up.
 
-The JSON body takes the common rerank shape too (Cohere, Jina, vLLM): `model` (the id of
-GET /v1/models; another is 404 `model_not_found`), `documents` as strings or image objects,
-`top_n`, `return_documents` (each result echoes its document as sent). Images are read from
-the body only: remote URLs are never fetched (400 `invalid_image`)."""
+The JSON body takes the common rerank shape too (Cohere v1 and v2, Jina, vLLM): `model` (the
+id of GET /v1/models; another is 404 `model_not_found`), `documents` as strings or image
+objects, `top_n`, `return_documents` (each result echoes its document as sent). Images are
+read from the body only: remote URLs are never fetched (400 `invalid_image`). The same call
+answers on POST /v1/rerank, /v2/rerank (Cohere's ClientV2) and /rerank (vLLM's path)."""
 
 
-@register(router, "rerank", description=DESCRIPTION)
+def _register_everywhere(handler: Handler) -> Handler:
+    """The handler under POST /v1/rerank and under each of its aliases' paths."""
+    for name in ("rerank", *(alias.name for alias in RERANK_ALIASES)):
+        register(router, name, description=DESCRIPTION)(handler)
+    return handler
+
+
+@_register_everywhere
 async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -> RerankResponse:
     options: RerankOptions
     options, query, documents = await read_query_body(

@@ -3,7 +3,8 @@
     synthetic  the demo world (Random, Adversarial)              no files
     jsonl      your data: {"query", "images": [paths], "answer"}  --data FILE
     coco       COCO captions JSON + image folder                  --data CAPTIONS --images DIR
-               (+ --instances JSON for category sets)
+               (+ --instances JSON for category sets; --benchmark paper: the authors'
+               construction, app.eval.datasets.coco_paper)
     flickr     Flickr8k/30k captions file + image folder          --data CAPTIONS --images DIR
     simulated  a score-level SIMULATION of the paper's regime     no files, no model
                (its own backend: app.eval.datasets.simulated)
@@ -16,7 +17,14 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from app.eval.datasets.base import Dataset, EvalItem, check_disjoint, open_image
+from app.eval.datasets.base import (
+    Dataset,
+    EvalItem,
+    InputError,
+    check_disjoint,
+    check_images,
+    open_image,
+)
 
 DATASETS: tuple[str, ...] = ("synthetic", "jsonl", "coco", "flickr", "simulated")
 DEFAULT_SETTINGS: dict[str, str] = {
@@ -38,9 +46,11 @@ def open_dataset(
     cache_dir: Path = Path("var/cache"),
     image_size: int | None = None,
     negatives: str = "ours",
+    benchmark: str = "ours",
 ) -> Dataset:
-    """The reader of ``name`` over its files (ValueError naming what is missing);
-    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``)."""
+    """The reader of ``name`` over its files (InputError naming what is missing);
+    ``negatives``: the exclusion rule of coco/flickr negatives (``base.NEGATIVE_RULES``);
+    ``benchmark``: "paper" builds COCO items as the authors do (``coco_paper``)."""
     if name == "synthetic":
         from app.eval.datasets.synthetic import SyntheticDataset
 
@@ -52,13 +62,15 @@ def open_dataset(
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; use one of {DATASETS}")
     if data is None:
-        raise ValueError(f"dataset {name!r} needs --data (the annotation file)")
+        raise InputError(f"dataset {name!r} needs --data (the annotation file)")
     if name == "jsonl":
         from app.eval.datasets.jsonl import JsonlDataset
 
         return JsonlDataset(data)
     if images is None:
-        raise ValueError(f"dataset {name!r} needs --images (the image folder)")
+        raise InputError(f"dataset {name!r} needs --images (the image folder)")
+    if not Path(images).is_dir():
+        raise InputError(f"{images}: no such folder (--images, the image folder of {data})")
     embed = text_embed = None
     if clip is not None:
         from app.eval.datasets.clip import clip_embeddings, clip_text_embeddings
@@ -66,6 +78,12 @@ def open_dataset(
         embed = partial(clip_embeddings, clip, cache_dir=cache_dir)
         text_embed = partial(clip_text_embeddings, clip, cache_dir=cache_dir)
     rule = {"rule": negatives, "text_embed": text_embed}
+    if benchmark == "paper":
+        if name != "coco":
+            raise InputError(f"--benchmark paper is the authors' COCO construction, not {name}")
+        from app.eval.datasets.coco import authors_coco_dataset
+
+        return authors_coco_dataset(data, images, instances, embed, text_embed)
     if name == "coco":
         from app.eval.datasets.coco import coco_dataset
 
@@ -80,7 +98,9 @@ __all__ = [
     "DEFAULT_SETTINGS",
     "Dataset",
     "EvalItem",
+    "InputError",
     "check_disjoint",
+    "check_images",
     "open_dataset",
     "open_image",
 ]

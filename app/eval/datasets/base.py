@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
@@ -35,6 +36,40 @@ CAPTION_SIMILARITY = 0.9
 NEGATIVE_RULES: tuple[str, ...] = ("ours", "paper")
 TextEmbed = Callable[[list[str]], np.ndarray]
 """Captions -> L2-normalised CLIP text embeddings (rows in the captions' order)."""
+
+
+class InputError(ValueError):
+    """A mistake in the user's files or flags: the message is one line naming the file, the
+    item and what to change (``lad eval`` prints it instead of a traceback)."""
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of an input file, or an InputError naming it."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file (the {what}); check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc})") from None
+
+
+def read_json(path: Path, what: str) -> Any:
+    """An input JSON file, or an InputError naming it and where it stops being JSON."""
+    try:
+        return json.loads(read_text(path, what))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not JSON ({exc}); the {what} must be a JSON file") from None
+
+
+def check_images(items: Sequence[EvalItem], source: str) -> None:
+    """Every candidate file of ``items`` exists, before any forward (else one line)."""
+    for item in items:
+        for image in item.images:
+            if isinstance(image, Path) and not image.is_file():
+                raise InputError(
+                    f"{source}: item {item.id}: image file {image} not found; fix the path "
+                    "(or the image folder) or remove the item"
+                )
 
 
 @dataclass(frozen=True)
@@ -79,7 +114,7 @@ def check_disjoint(evaluation: Sequence[EvalItem], calibration: Sequence[EvalIte
     """Calibration items never overlap evaluation items: no shared target image (by key)."""
     shared = {i.key for i in evaluation} & {i.key for i in calibration}
     if shared:
-        raise ValueError(
+        raise InputError(
             f"{len(shared)} calibration item(s) share their target image with evaluation items; "
             "use another --calibration-seed or more data"
         )
@@ -87,7 +122,7 @@ def check_disjoint(evaluation: Sequence[EvalItem], calibration: Sequence[EvalIte
 
 def check_setting(dataset: Dataset, setting: str) -> None:
     if setting not in dataset.settings:
-        raise ValueError(
+        raise InputError(
             f"dataset {dataset.name!r} has no setting {setting!r}; use one of {dataset.settings}"
         )
 
@@ -123,10 +158,11 @@ class ImagePool:
         text_embed: TextEmbed | None = None,
     ) -> None:
         if len(images) < 2:
-            raise ValueError(f"dataset {name!r} needs at least 2 captioned images")
+            raise InputError(f"dataset {name!r} needs at least 2 captioned images")
         if rule not in NEGATIVE_RULES:
             raise ValueError(f"unknown negative rule {rule!r}; use one of {NEGATIVE_RULES}")
         self.name = name
+        self.source = name  # the annotation file, for messages (set by the readers)
         self.pool = list(images)
         self._neighbours = neighbours
         self._order: np.ndarray | None = None
@@ -137,7 +173,7 @@ class ImagePool:
     def _text_cosine(self, query: str, candidate: PoolImage) -> float:
         """Largest CLIP text cosine of the query with one of the candidate's captions."""
         if self._text_embed is None:
-            raise ValueError(f"the paper's adversarial negatives of {self.name!r} need --clip")
+            raise InputError(f"the paper's adversarial negatives of {self.name!r} need --clip")
         if self._text is None:  # every caption of the pool, embedded once
             texts = list(dict.fromkeys(c for p in self.pool for c in p.captions))
             self._text = dict(zip(texts, self._text_embed(texts), strict=True))
@@ -167,7 +203,7 @@ class ImagePool:
         if setting == "random":
             return (int(i) for i in rng.permutation(len(self.pool)))
         if self._neighbours is None:
-            raise ValueError(f"the adversarial setting of {self.name!r} needs --clip PATH")
+            raise InputError(f"the adversarial setting of {self.name!r} needs --clip PATH")
         if self._order is None:
             emb = self._neighbours()
             self._order = np.argsort(-(emb @ emb.T), axis=1, kind="stable")

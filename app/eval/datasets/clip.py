@@ -5,6 +5,7 @@ tokenizer (the paper rule's caption cosine) from a local directory (``--clip PAT
 a saved openai/clip-vit-large-patch14; nothing is downloaded). Embeddings are
 L2-normalised and cached as one ``.npy`` per (model, inputs) under the cache directory
 (``np.save`` without pickle), so a second run reads them back instead of running CLIP.
+CLIP runs on the service's device (``LAD_DEVICE``: cuda when available).
 """
 
 from __future__ import annotations
@@ -32,22 +33,31 @@ def cache_file(clip: Path, paths: Sequence[Path | str], cache_dir: Path, kind: s
     return Path(cache_dir) / f"clip_{digest.hexdigest()[:24]}.npy"
 
 
+def _device() -> object:
+    """The device ``lad serve`` would put a model on (LAD_DEVICE)."""
+    from app.models.loader import resolve_device
+    from app.settings import Settings
+
+    return resolve_device(Settings().device)
+
+
 def compute_embeddings(clip: Path, paths: Sequence[Path]) -> np.ndarray:
     """(P, D) float32 L2-normalised CLIP image embeddings."""
     import torch
     from transformers import CLIPImageProcessor, CLIPModel
 
-    model = CLIPModel.from_pretrained(clip).eval()
+    device = _device()
+    model = CLIPModel.from_pretrained(clip).eval().to(device)
     processor = CLIPImageProcessor.from_pretrained(clip)
     chunks = []
     with torch.inference_mode():
         for start in range(0, len(paths), BATCH):
             images = [open_image(p) for p in paths[start : start + BATCH]]
-            pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+            pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device)
             features = model.get_image_features(pixel_values=pixels)
             if not isinstance(features, torch.Tensor):  # an output object in some versions
                 features = features.pooler_output
-            chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).numpy())
+            chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).cpu().numpy())
     return np.concatenate(chunks).astype(np.float32)
 
 
@@ -56,7 +66,8 @@ def compute_text_embeddings(clip: Path, texts: Sequence[str]) -> np.ndarray:
     import torch
     from transformers import AutoTokenizer, CLIPModel
 
-    model = CLIPModel.from_pretrained(clip).eval()
+    device = _device()
+    model = CLIPModel.from_pretrained(clip).eval().to(device)
     tokenizer = AutoTokenizer.from_pretrained(clip)
     context = int(model.config.text_config.max_position_embeddings)
     chunks = []
@@ -70,11 +81,12 @@ def compute_text_embeddings(clip: Path, texts: Sequence[str]) -> np.ndarray:
                 return_tensors="pt",
             )
             features = model.get_text_features(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
             )
             if not isinstance(features, torch.Tensor):
                 features = features.pooler_output
-            chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).numpy())
+            chunks.append(torch.nn.functional.normalize(features.float(), dim=-1).cpu().numpy())
     return np.concatenate(chunks).astype(np.float32)
 
 

@@ -4,7 +4,6 @@ adversarial negatives never share the target's exact set of categories (DESIGN Â
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -12,19 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from app.eval.datasets.base import ImagePool, PoolImage
+from app.eval.datasets.base import ImagePool, InputError, PoolImage, read_json
+from app.eval.datasets.coco_paper import AuthorsPool
 
 
 def read_coco(captions: Path, images_dir: Path, instances: Path | None = None) -> list[PoolImage]:
     """The captioned images of a COCO captions file, in image-id order."""
-    doc = json.loads(Path(captions).read_text())
+    doc = _coco(captions, "COCO captions JSON", ("image_id", "caption"))
     texts: dict[int, list[str]] = defaultdict(list)
-    for ann in doc.get("annotations", []):
+    for ann in doc["annotations"]:
         texts[int(ann["image_id"])].append(str(ann["caption"]).strip())
     categories: dict[int, set[int]] | None = None
     if instances is not None:
         categories = defaultdict(set)
-        for ann in json.loads(Path(instances).read_text()).get("annotations", []):
+        for ann in _coco(instances, "COCO instances JSON", ("image_id", "category_id"))[
+            "annotations"
+        ]:
             categories[int(ann["image_id"])].add(int(ann["category_id"]))
     pool = []
     for image in sorted(doc.get("images", []), key=lambda im: int(im["id"])):
@@ -35,6 +37,21 @@ def read_coco(captions: Path, images_dir: Path, instances: Path | None = None) -
                 PoolImage(Path(images_dir) / image["file_name"], tuple(texts[image_id]), cats)
             )
     return pool
+
+
+def _coco(path: Path, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A COCO annotation file whose annotations carry ``keys`` (else one line saying so)."""
+    doc = read_json(path, what)
+    annotations = doc.get("annotations") if isinstance(doc, dict) else None
+    if not isinstance(annotations, list) or not isinstance(doc.get("images", []), list):
+        raise InputError(f'{path}: no "annotations" list; the {what} is COCO\'s own file')
+    for number, ann in enumerate(annotations):
+        if not isinstance(ann, dict) or any(k not in ann for k in keys):
+            raise InputError(
+                f"{path}: annotation {number} lacks {' or '.join(keys)}; the {what} is "
+                "COCO's own file"
+            )
+    return doc
 
 
 def coco_dataset(
@@ -48,4 +65,24 @@ def coco_dataset(
     ImagePool's negative rule and text embedding."""
     pool = read_coco(captions, images_dir, instances)
     neighbours = None if embed is None else (lambda: embed([p.path for p in pool]))
-    return ImagePool("coco", pool, neighbours, **rule)
+    dataset = ImagePool("coco", pool, neighbours, **rule)
+    dataset.source = str(captions)
+    return dataset
+
+
+def authors_coco_dataset(
+    captions: Path,
+    images_dir: Path,
+    instances: Path | None,
+    embed: Callable[[list[Path]], np.ndarray] | None = None,
+    text_embed: Callable[[list[str]], np.ndarray] | None = None,
+) -> AuthorsPool:
+    """The authors' construction (``coco_paper``) over the images whose file exists."""
+    if instances is None:
+        raise InputError(
+            "--benchmark paper needs --instances (COCO's instances JSON: the category sets)"
+        )
+    pool = [p for p in read_coco(captions, images_dir, instances) if p.path.is_file()]
+    dataset = AuthorsPool("coco", pool, embed, text_embed)
+    dataset.source = str(captions)
+    return dataset

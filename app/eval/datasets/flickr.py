@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from app.eval.datasets.base import ImagePool, PoolImage
+from app.eval.datasets.base import ImagePool, PoolImage, read_text
 
 
 def _rows(path: Path) -> list[tuple[str, str]]:
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = [line for line in read_text(path, "captions file").splitlines() if line.strip()]
     if lines and "\t" in lines[0]:
         split = (line.partition("\t") for line in lines)
         return [(name.split("#")[0], text) for name, _, text in split]
@@ -45,4 +45,6 @@ def flickr_dataset(
 ) -> ImagePool:
     pool = read_flickr(captions, images_dir)
     neighbours = None if embed is None else (lambda: embed([p.path for p in pool]))
-    return ImagePool("flickr", pool, neighbours, **rule)
+    dataset = ImagePool("flickr", pool, neighbours, **rule)
+    dataset.source = str(captions)
+    return dataset

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app.eval.datasets.base import EvalItem, check_setting
+from app.eval.datasets.base import EvalItem, InputError, check_setting, read_text
+
+FORMAT = '"query": "...", "images": ["a.jpg", ...], "answer": 0'
+"""One line of the format, for the messages."""
 
 
 class JsonlDataset:
@@ -23,30 +26,69 @@ class JsonlDataset:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.source = str(self.path)
         self.lines: list[dict] = []
-        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+        seen: dict[tuple[Path, str], str] = {}
+        for number, line in enumerate(read_text(self.path, "items file").splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-                query, images, answer = row["query"], row["images"], int(row["answer"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{self.path}:{number}: not an item ({exc})") from None
-            if not isinstance(query, str) or not isinstance(images, list) or not images:
-                raise ValueError(f"{self.path}:{number}: need a query string and a list of images")
-            if not 0 <= answer < len(images):
-                raise ValueError(f"{self.path}:{number}: answer {answer} is not an image index")
-            paths = [(self.path.parent / p).resolve() for p in images]
-            self.lines.append(
-                {
-                    "id": str(row.get("id", number)),
-                    "query": query,
-                    "images": paths,
-                    "answer": answer,
-                }
-            )
+            row = self._row(line, number)
+            where = f"{self.path}:{number}: item {row['id']}"
+            for image in row["images"]:
+                if not image.is_file():
+                    raise InputError(
+                        f"{where}: image file {image} not found; fix the path (relative to "
+                        f"{self.path.parent}) or remove the line"
+                    )
+            key = (row["images"][row["answer"]], row["query"])
+            if key in seen:
+                raise InputError(
+                    f"{where}: the same matching image and query as {seen[key]}; remove one "
+                    "(a repeated item would be drawn twice, or as its own calibration item)"
+                )
+            seen[key] = f"line {number}"
+            self.lines.append(row)
         if not self.lines:
-            raise ValueError(f"{self.path} holds no items")
+            raise InputError(f"{self.path} holds no items (one JSON object per line)")
+
+    def _row(self, line: str, number: int) -> dict:
+        """One line as a checked item, or an InputError naming the line and the fix."""
+        at = f"{self.path}:{number}"
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"{at}: not a JSON object ({exc})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{at}: not a JSON object; write {{{FORMAT}}}")
+        missing = [k for k in ("query", "images", "answer") if k not in row]
+        if missing:
+            raise InputError(f"{at}: no {', '.join(missing)}; write {{{FORMAT}}}")
+        item = f"{at}: item {row.get('id', number)}"
+        query, images, answer = row["query"], row["images"], row["answer"]
+        if not isinstance(query, str) or not query.strip():
+            raise InputError(f'{item}: "query" must be a non-empty string')
+        if (
+            not isinstance(images, list)
+            or not images
+            or not all(isinstance(p, str) for p in images)
+        ):
+            raise InputError(f'{item}: "images" must be a non-empty list of file paths')
+        if isinstance(answer, bool) or not isinstance(answer, int):
+            raise InputError(
+                f'{item}: "answer" must be the 0-based index (an integer) of the matching '
+                f'image in "images", got {answer!r}'
+            )
+        if not 0 <= answer < len(images):
+            raise InputError(
+                f'{item}: "answer" {answer} is not an index of its {len(images)} images; use '
+                f"0..{len(images) - 1} (0-based)"
+            )
+        return {
+            "id": str(row.get("id", number)),
+            "query": query,
+            "images": [(self.path.parent / p).resolve() for p in images],
+            "answer": answer,
+        }
 
     def items(
         self, count: int, n: int, setting: str, seed: int, exclude: frozenset[str] = frozenset()

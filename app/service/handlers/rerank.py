@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from app import errors, logs
 from app.decode import ImageInput
 from app.engine.labels import Labels
-from app.engine.methods import passes
+from app.engine.methods import NEEDS_CALIBRATION, passes
 from app.engine.tournament import Tournament, window_sizes
 from app.service.pipeline import Pipeline, Plan, ms_since
 from lad_client.types import (
@@ -74,18 +74,27 @@ def _calibrated_sizes(p: Pipeline, profile: str, scheme: str) -> list[int]:
     )
 
 
-def _plan(
-    p: Pipeline, options: RerankOptions, n: int, top_n: int
-) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:
-    """Off the event loop: the window size (default: the largest calibrated N), the rounds'
-    window sizes, the labels of each size (resolved once) and the plan (the profiles of
-    every size, or 409)."""
+def _default_window(p: Pipeline, options: RerankOptions) -> int:
+    """A method that reads no profile (vanilla, attn_raw, perm_avg) uses windows of
+    LAD_MAX_IMAGES whatever is calibrated; one that does, the largest N the profile has
+    (LAD_MAX_IMAGES when it has none: the request is then refused or falls back)."""
+    if options.method not in NEEDS_CALIBRATION:
+        return p.settings.max_images
     calibrated = [
         k
         for k in _calibrated_sizes(p, options.profile, options.labels)
         if k <= p.settings.max_images
     ]
-    window = options.window or (calibrated[-1] if calibrated else p.settings.max_images)
+    return calibrated[-1] if calibrated else p.settings.max_images
+
+
+def _plan(
+    p: Pipeline, options: RerankOptions, n: int, top_n: int
+) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:
+    """Off the event loop: the window size (default: ``_default_window``), the rounds'
+    window sizes, the labels of each size (resolved once) and the plan (the profiles of
+    every size, or 409)."""
+    window = options.window or _default_window(p, options)
     rounds = window_sizes(n, min(window, n), top_n)
     needed = sorted({s for r in rounds for s in r})
     planned = sum(passes(options.method, s) for r in rounds for s in r)

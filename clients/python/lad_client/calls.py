@@ -13,13 +13,18 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import httpx
-from PIL import Image
 from pydantic import BaseModel
 
-from lad_client.retry import RETRY_STATUSES, RetryPolicy, error_of, retry_after_s
+from lad_client.retry import (
+    RETRY_STATUSES,
+    RetryPolicy,
+    connection_error,
+    error_of,
+    retry_after_s,
+)
 from lad_client.routes import BY_NAME, Route
 from lad_client.types import (
     CalibrateResponse,
@@ -34,21 +39,29 @@ from lad_client.types import (
     RetrieveResponse,
 )
 
-ImageLike = Image.Image | bytes | str | PathLike[str]
-Example = tuple[str, Sequence[ImageLike], int]
+if TYPE_CHECKING:  # Pillow is an extra (lad-client[pillow]): bytes and paths need none
+    from PIL import Image
+
+ImageLike: TypeAlias = "Image.Image | bytes | str | PathLike[str]"
+Example: TypeAlias = "tuple[str, Sequence[ImageLike], int]"
 """(query, images, answer): answer is the 0-based index of the matching image."""
 
 
 def encode_image(image: ImageLike) -> str:
-    """Base64 of the encoded image (PIL images are sent as PNG, lossless)."""
-    if isinstance(image, Image.Image):
+    """Base64 of the encoded image: bytes as they are, a path's bytes, a PIL image as PNG
+    (lossless). A PIL image comes with Pillow installed, so Pillow is never imported here."""
+    if isinstance(image, bytes | bytearray):
+        raw = bytes(image)
+    elif isinstance(image, str | PathLike):
+        raw = Path(image).read_bytes()
+    elif callable(getattr(image, "save", None)):  # a PIL image
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         raw = buffer.getvalue()
-    elif isinstance(image, bytes | bytearray):
-        raw = bytes(image)
     else:
-        raw = Path(image).read_bytes()
+        raise TypeError(
+            f"an image is encoded bytes, a file path or a PIL image, not {type(image).__name__}"
+        )
     return base64.b64encode(raw).decode("ascii")
 
 
@@ -106,9 +119,9 @@ class Api:
             last = attempt == self.retry.retries
             try:
                 response = yield request
-            except httpx.ConnectError:
-                if last:
-                    raise
+            except httpx.TransportError as exc:  # only a refused connection is sent again
+                if last or not isinstance(exc, httpx.ConnectError):
+                    raise connection_error(exc, call.route.method, call.url) from exc
                 yield self.retry.wait_s(attempt, None)
                 continue
             if last or response.status_code not in RETRY_STATUSES:

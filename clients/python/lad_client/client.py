@@ -1,11 +1,12 @@
 """Python clients of the service for retrieval back-ends: ``LadClient`` and ``AsyncLadClient``.
 
-Both take images as PIL images, encoded bytes or file paths (sent as base64 JSON), return
+Both take images as encoded bytes, file paths or PIL images (sent as base64 JSON), return
 the service's own response models (``lad_client.types``: typed, validated), time out, and
 retry what is worth retrying: 429 (queue full) and 503 (not ready, store down) with
 exponential backoff that honours ``Retry-After``, and connections that could not be opened.
 Any other error answer raises :class:`LadError` with the service's ``code`` and ``message``,
-so a caller can branch on ``calibration_required``.
+so a caller can branch on ``calibration_required``; no answer at all (refused after the
+retries, timed out) raises its subclass :class:`LadConnectionError`.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class LadClient:
                     continue
                 try:
                     response = self._http.request(**step)
-                except httpx.ConnectError as exc:
+                except httpx.TransportError as exc:
                     step = steps.throw(exc)
                 else:
                     step = steps.send(response)
@@ -212,7 +213,7 @@ class AsyncLadClient:
                     continue
                 try:
                     response = await self._http.request(**step)
-                except httpx.ConnectError as exc:
+                except httpx.TransportError as exc:
                     step = steps.throw(exc)
                 else:
                     step = steps.send(response)

@@ -30,6 +30,18 @@ class LadError(RuntimeError):
         self.retry_after_s, self.request_id = retry_after_s, request_id
 
 
+class LadConnectionError(LadError):
+    """No answer from the service: the connection was refused (after the retries), timed
+    out or broke. ``status`` is 0 (no HTTP status); ``code`` is ``connection_failed`` or
+    ``timeout``; the httpx error is the ``__cause__``."""
+
+
+def connection_error(exc: httpx.TransportError, method: str, url: str) -> LadConnectionError:
+    """The :class:`LadConnectionError` of a transport failure of ``method url``."""
+    code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_failed"
+    return LadConnectionError(0, code, f"{method} {url}: {type(exc).__name__}: {exc}")
+
+
 def retry_after_s(response: httpx.Response) -> float | None:
     """``Retry-After`` in seconds (delta-seconds or an HTTP date), None if absent."""
     value = response.headers.get("Retry-After")

@@ -14,7 +14,7 @@ status); models are named by their class in ``lad_client.types``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Auth = Literal["none", "api_key", "admin"]
@@ -53,6 +53,9 @@ class Route:
     """The Settings attribute that bounds the body (None: SMALL_BODY_BYTES)."""
     audit: str | None = None
     """The audited admin action (an ``lad.audit`` line per request), or None."""
+    alias_of: str | None = None
+    """The route whose handler also serves this path (another API's path for the same
+    call, e.g. Cohere v2's /v2/rerank for rerank), or None."""
 
     @property
     def limit_setting(self) -> str:
@@ -97,6 +100,31 @@ def _codes(*groups: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(code for group in groups for code in group))
 
 
+RERANK = Route(
+    "rerank",
+    "POST",
+    "/v1/rerank",
+    "Rerank candidate images for a query (windowed, position-debiased tournament)",
+    "RerankResponse",
+    _codes(MODEL, BODY, IMAGES, AUTH, SCORING, ("model_not_found",)),
+    auth="api_key",
+    content_types=(JSON, FORM),
+    request="RerankRequest",
+    form_files="documents",
+    body_limit="max_body_bytes",
+)
+
+RERANK_ALIASES = tuple(
+    replace(RERANK, name=name, path=path, summary=f"{RERANK.summary}; {why}", alias_of="rerank")
+    for name, path, why in (
+        ("rerank_v2", "/v2/rerank", "Cohere v2's path (ClientV2), as POST /v1/rerank"),
+        ("rerank_unversioned", "/rerank", "vLLM's unversioned path, as POST /v1/rerank"),
+    )
+)
+"""POST /v1/rerank under the paths other rerank APIs' clients post to (vLLM serves the
+same three): one handler, one request and response shape."""
+
+
 ROUTES: tuple[Route, ...] = (
     Route(
         "retrieve",
@@ -111,19 +139,8 @@ ROUTES: tuple[Route, ...] = (
         form_files="images",
         body_limit="max_body_bytes",
     ),
-    Route(
-        "rerank",
-        "POST",
-        "/v1/rerank",
-        "Rerank candidate images for a query (windowed, position-debiased tournament)",
-        "RerankResponse",
-        _codes(MODEL, BODY, IMAGES, AUTH, SCORING, ("model_not_found",)),
-        auth="api_key",
-        content_types=(JSON, FORM),
-        request="RerankRequest",
-        form_files="documents",
-        body_limit="max_body_bytes",
-    ),
+    RERANK,
+    *RERANK_ALIASES,
     Route(
         "calibrate",
         "POST",

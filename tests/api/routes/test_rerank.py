@@ -79,6 +79,30 @@ def test_agd_uses_the_profile_of_each_window_size(client: Any, many: RetrievalEx
     assert r.status_code == 409 and "N = [3]" in r.json()["error"]["message"]
 
 
+def test_methods_without_a_profile_ignore_the_profiles_window(
+    client: Any, many: RetrievalExample
+) -> None:
+    """vanilla, attn_raw and perm_avg default to windows of LAD_MAX_IMAGES, with or without
+    an agd profile for a smaller N (docs/api.md, docs/calibration.md)."""
+    six = {**body(many, seed=3), "documents": body(many)["documents"][:6]}
+
+    def windows() -> dict[str, list[list[int]]]:
+        found = {}
+        for method in ("vanilla", "attn_raw", "perm_avg"):
+            r = client.post("/v1/rerank", json={**six, "method": method})
+            assert r.status_code == 200, (method, r.text)
+            found[method] = r.json()["meta"]["windows"]
+        return found
+
+    before = windows()
+    assert before == {"vanilla": [[6]], "attn_raw": [[6]], "perm_avg": [[6]]}
+    small = make_items(2, n_candidates=3, setting="random", seed="calibration", image_size=56)
+    assert client.post("/v1/calibrate", json=calibration_body(small, n=[2, 3])).status_code == 200
+    assert windows() == before
+    agd = client.post("/v1/rerank", json=six).json()["meta"]  # agd: the largest calibrated N
+    assert agd["window"] == 3 and agd["windows"] == [[3, 3], [2]]
+
+
 def test_multipart_equals_json(client: Any, many: RetrievalExample) -> None:
     fields = {"query": many.query, "method": "vanilla", "window": "4", "seed": "9", "top_n": "2"}
     files = [("documents", f[1]) for f in multipart_files(many.images)]

@@ -1,6 +1,7 @@
-"""POST /v1/rerank in the shapes of common rerank APIs (Cohere, Jina, vLLM): `model`,
-documents as strings or image objects, `return_documents`, the `id` / `model` / `usage`
-answer; no remote fetch; a relevance score consistent across windows; GET /v1/models."""
+"""POST /v1/rerank (and /v2/rerank, /rerank) in the shapes of common rerank APIs (Cohere,
+Jina, vLLM): `model`, documents as strings or image objects, `return_documents`, the `id` /
+`model` / `usage` answer; no remote fetch; a relevance score consistent across windows;
+GET /v1/models."""
 
 from __future__ import annotations
 
@@ -70,6 +71,32 @@ def test_cohere_shape(calibrated: Any, items: list[RetrievalExample]) -> None:
     plain = calibrated.post("/v1/rerank", json=again).json()
     assert all(x["document"] is None for x in plain["results"])
     assert [x["index"] for x in plain["results"]] == [x["index"] for x in out["results"]]
+
+
+@pytest.mark.parametrize("path", ["/v2/rerank", "/rerank"])
+def test_every_rerank_path_answers_alike(
+    calibrated: Any, items: list[RetrievalExample], path: str
+) -> None:
+    """Cohere v2's and vLLM's paths are POST /v1/rerank; Cohere's object documents
+    ({"text": ...}) and its ignored truncation fields are accepted."""
+    item, model = items[3], served(calibrated)
+    docs = [b64(im) for im in item.images]
+    body = {"model": model, "query": item.query, "documents": docs, "top_n": 3, "seed": 5}
+    reference = calibrated.post("/v1/rerank", json=body).json()
+    objects = [{"text": d} for d in docs]
+    extra = {"max_tokens_per_doc": 4096, "max_chunks_per_doc": 10, "return_documents": True}
+    r = calibrated.post(path, json={**body, "documents": objects, **extra})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    check_answer(out, model, 3, 3)
+    assert [x["index"] for x in out["results"]] == [x["index"] for x in reference["results"]]
+    assert np.allclose(
+        [x["relevance_score"] for x in out["results"]],
+        [x["relevance_score"] for x in reference["results"]],
+    )
+    assert all(x["document"] == objects[x["index"]] for x in out["results"])
+    wrong = calibrated.post(path, json={**body, "model": "rerank-v3.5"})
+    assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found"
 
 
 def test_jina_shape(calibrated: Any, items: list[RetrievalExample]) -> None:

@@ -12,6 +12,7 @@ from transformers import BertConfig
 
 from app.engine.adapter import PromptBatch
 from app.engine.fold import chain_path
+from app.engine.identity import config_hash
 from app.engine.interface import ForwardResult, RetrievalItem
 from app.engine.labels import resolve_labels
 from app.engine.prompts import prompt_hash
@@ -223,6 +224,8 @@ def test_fingerprint_fields(runner: Runner, shared_runner) -> None:
         "prompt_hash": prompt_hash("vanilla", runner.adapter.chat_template()),
         "label_scheme": "digits",
         "n": 4,
+        "config_hash": config_hash(runner.model.config),
+        "weights_hash": runner.weights_hash,
     }
     assert runner.fingerprint("upper", 4).label_scheme == "upper"
     assert runner.fingerprint("digits", 5).n == 5
@@ -243,7 +246,8 @@ def test_loader_round_trip(tmp_path: Path) -> None:
     processor.save_pretrained(tmp_path)
     in_memory = make_runner(model, processor, layers=(1, 3))
     loaded = load_runner(str(tmp_path), device="cpu", dtype="auto", layers=(1, 3), threads=1)
-    assert loaded.dtype == torch.float32 and loaded.model_id == str(tmp_path)
+    assert loaded.dtype == torch.float32 and loaded.model_id == tmp_path.name  # served name
+    assert loaded.weights_hash == in_memory.weights_hash  # the same weights, saved and read
     assert loaded.attention_backend == "lad_capture"
     items = _items()
     a, b = in_memory.forward(items), loaded.forward(items)

@@ -73,6 +73,71 @@ def test_dry_run_writes_the_paper_protocol_without_a_model(tmp_path, monkeypatch
     assert fp["per_instance"]["perm_avg"] == 16 and fp["per_instance"]["agd"] == 1
     assert fp["calibration"] == 2 * 4 and fp["total_at_most"] > 3 * 5 * 16
     assert len(run["items"]) == 3 and len(run["calibration_items"]) == 2
+    # the authors' runs: no sink guard, generated vanilla, the checkpoint's settings inherited
+    assert doc["engine"]["sink_guard"] is False
+    assert doc["answers"]["vanilla"].startswith("generated: 2 greedy tokens")
+    gen = doc["generation"]
+    assert gen["inherited_from_checkpoint"] is True
+    assert gen["checkpoint_generation_config"]["eos_token_id"] == 2  # the demo's file
+    assert gen["vanilla_and_instruction"]["max_new_tokens"] == 2
+    assert gen["self_consistency"]["top_p"] is None  # not passed: the checkpoint's applies
+    assert fp["per_instance"]["vanilla"] == "1 prompt + <= 1 decode steps"
+    assert fp["decode_steps_at_most"] == 3 * 5 * (1 + 1023 + 10 * 511)
+    notes = " ".join(doc["notes"])
+    for said in ("sink guard off", "parse failure counted wrong", "generation_config stays"):
+        assert said in notes
+
+
+class GenerateSpy:
+    """The runner, recording the generation_config the model holds at each generate call."""
+
+    def __init__(self, runner) -> None:
+        self._runner, self.calls = runner, []
+        model = runner.model
+        original = model.generate
+
+        def generate(*args, **kwargs):
+            self.calls.append((model.generation_config.to_dict(), dict(kwargs)))
+            return original(*args, **kwargs)
+
+        self.generate = generate
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+
+def test_paper_vanilla_and_instruction_are_generated_and_inherit(runner, tmp_path, monkeypatch):
+    spy = GenerateSpy(runner)
+    monkeypatch.setattr(runner.model, "generate", spy.generate)
+    runner.model.generation_config.repetition_penalty = 1.05  # a checkpoint's own setting
+    try:
+        config = EvalConfig(
+            out=tmp_path,
+            protocol="paper",
+            ns=[3],
+            items=3,
+            calibration=2,
+            progress=False,
+            bootstrap=50,
+            methods=["vanilla", "instruction", "agd"],
+        )
+        metrics = run_evaluation(runner, config)
+    finally:
+        runner.model.generation_config.repetition_penalty = 1.0
+    assert len(spy.calls) == 2  # one batch each for vanilla and instruction
+    for held, kwargs in spy.calls:
+        assert held["repetition_penalty"] == 1.05  # inherited, not set aside
+        assert kwargs["max_new_tokens"] == 2 and kwargs["do_sample"] is False
+        assert kwargs["temperature"] == 1.0 and "eos_token_id" not in kwargs
+    records = read_records(tmp_path / "predictions.jsonl")
+    vanilla = [r for r in records if r["method"] == "vanilla"]
+    assert len(vanilla) == 3 * 5 and all(r["samples"] == 1 for r in vanilla)
+    for r in vanilla:
+        wrong = r["predicted_position"] is None
+        assert r["unparseable"] == int(wrong) and (not wrong or r["correct"] is False)
+    run = metrics["runs"][0]["methods"]
+    assert "unparseable_pct" in run["vanilla"] and "unparseable_pct" in run["instruction"]
+    assert "unparseable_pct" not in run["agd"]
 
 
 @pytest.mark.slow

@@ -72,5 +72,8 @@ def test_parse_answer_paper() -> None:
     assert parse_answer_paper("x </think> 3", DIGITS, answer_is=False) == 2
     assert parse_answer_paper("1 then 2 and 4", DIGITS, answer_is=False) == 3  # the last
     assert parse_answer_paper("The answer is 2, not 3", DIGITS) == 1  # the first "answer is"
-    assert parse_answer_paper("The answer is 9, so 1", DIGITS) == 0  # not a label: fall back
+    assert parse_answer_paper("The answer is 9, so 1", DIGITS) is None  # theirs: no vote
+    assert parse_answer_paper("the answer is  2", DIGITS) == 1  # two spaces: no phrase, last
+    assert parse_answer_paper("image 04", DIGITS, answer_is=False) == 3  # compared as integers
+    assert parse_answer_paper("5 or 0", DIGITS, answer_is=False) is None
     assert parse_answer_paper("no digits", DIGITS) is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from app.eval.harness import EvalConfig
 from app.eval.protocol_record import model_depth, resolve_layers, tile_budget
 
@@ -39,3 +41,23 @@ def test_layers_from_the_config_alone(tmp_path) -> None:
     assert resolve_layers(ours) == list(range(21, 36))  # round(0.58 * 36) = 21 .. 35 too
     assert resolve_layers(EvalConfig(out=tmp_path, model="demo", protocol="paper")) == [2, 3]
     assert model_depth(str(tmp_path / "missing")) is None
+
+
+def test_depth_of_a_remote_code_config_without_running_its_code(tmp_path, monkeypatch) -> None:
+    """config.json is read as JSON: a checkpoint whose classes live in its own files (which
+    are absent here) still gives its depth, and nothing asks "run custom code? [y/N]"."""
+    import builtins
+    import json
+
+    monkeypatch.setattr(builtins, "input", lambda *a: pytest.fail("prompted"))
+    config = {
+        "model_type": "llavaonevision1_5",
+        "auto_map": {"AutoConfig": "configuration_x.XConfig"},
+        "text_config": {"num_hidden_layers": 36},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_depth(str(tmp_path)) == 36
+    (tmp_path / "config.json").write_text(json.dumps({"llm_config": {"num_layers": 28}}))
+    assert model_depth(str(tmp_path)) == 28
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_depth(str(tmp_path)) is None

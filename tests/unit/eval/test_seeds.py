@@ -3,7 +3,12 @@ flagged, and the simulation labelled."""
 
 from __future__ import annotations
 
-from app.eval.seeds import render, summarise
+import json
+
+import numpy as np
+
+from app.eval import cli
+from app.eval.seeds import render, resummarise, summarise
 
 
 def _metrics(acc: float, diff: float, ci: list[float]) -> dict:
@@ -41,7 +46,31 @@ def test_summary_over_seeds() -> None:
     assert abs(agd_gain["mean"] - 10.1 / 3) < 1e-9 and agd_gain["seeds_ci_excludes_0"] == 2
     assert run["methods"]["vanilla"]["first_seed_ci_degenerate"] is True
     text = render(summary, "lad eval --item-seeds 1 2 3")
-    assert "| vanilla | 13.2 (12.5 to 14.0) | [12.5, 12.5] (degenerate" in text
-    assert "| agd − vanilla | +3.4 (+0.5 to +8.2) | [+7.2, +9.2] | 2 of 3 |" in text
+    assert "| vanilla | – | 13.2 (12.5 to 14.0) | [12.5, 12.5] (degenerate" in text
+    assert "| agd − vanilla | – | +3.4 (+0.5 to +8.2) | [+7.2, +9.2] | 2 of 3 |" in text
     assert "SIMULATION" not in text
     assert "SIMULATION" in render({**summary, "dataset": "simulated"}, "x")
+
+
+def test_pooled_figures_over_every_seeds_items(tmp_path) -> None:
+    """The pooled block: all seeds' items in one bootstrap (a narrower CI than one seed's),
+    its accuracy the mean of equal-sized seeds', and recomputable from the folder."""
+    out = tmp_path / "sim"
+    argv = ["--dataset", "simulated", "-n", "4", "--items", "30", "--item-seeds", "21", "22"]
+    argv += ["--methods", "vanilla", "agd", "--bootstrap", "200", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "seeds.json").read_text())
+    (run,) = summary["runs"]
+    pool = run["pooled"]
+    assert pool["items"] == 60
+    seeds = [json.loads((out / f"seed_{s}" / "metrics.json").read_text()) for s in (21, 22)]
+    accs = [m["runs"][0]["methods"]["agd"]["acc"] for m in seeds]
+    assert abs(pool["methods"]["agd"]["acc"] - np.mean(accs)) < 1e-9
+    width = pool["methods"]["agd"]["acc_ci"][1] - pool["methods"]["agd"]["acc_ci"][0]
+    first = seeds[0]["runs"][0]["methods"]["agd"]["acc_ci"]
+    assert width < first[1] - first[0]
+    diff = pool["paired"]["agd-vanilla"]
+    assert diff["ci"][0] <= diff["diff"] <= diff["ci"][1]
+    assert "Acc % pooled [95% CI]" in (out / "seeds.md").read_text()
+    again = resummarise(out)
+    assert again["runs"][0]["pooled"] == pool

@@ -23,6 +23,7 @@ from lad_client.types.common import (
     Strict,
 )
 from lad_client.types.documents import (
+    CohereDocument,
     ContentDocument,
     ContentDocuments,
     Document,
@@ -80,6 +81,7 @@ __all__ = [
     "CalibrateResponse",
     "CalibratedN",
     "CalibrationExample",
+    "CohereDocument",
     "ContentDocument",
     "ContentDocuments",
     "Document",

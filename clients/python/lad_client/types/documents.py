@@ -1,7 +1,8 @@
 """The image documents of POST /v1/rerank in the shapes common rerank APIs send them.
 
 A document is an image given as a string (a ``data:image/...;base64,`` URL or bare base64,
-Cohere's shape), as Jina's ``{"image": ...}``, as an OpenAI/vLLM content part
+Cohere's shape), as Cohere's object ``{"text": ...}`` (the string in its text field), as
+Jina's ``{"image": ...}``, as an OpenAI/vLLM content part
 ``{"type": "image_url", "image_url": {"url": ...}}`` or as vLLM's document
 ``{"content": [<one image_url part>]}``; the whole list may also be vLLM's
 ``{"content": [<parts>]}`` (each part one document). Only the image bytes are read: the
@@ -38,6 +39,13 @@ class JinaImageDocument(Strict):
     image: str = Field(description=IMAGE_DESCRIPTION)
 
 
+class CohereDocument(Strict):
+    """Cohere's object document (``rank_fields`` unset: the text field is ranked), here
+    holding the image string."""
+
+    text: str = Field(description=IMAGE_DESCRIPTION)
+
+
 class ContentDocument(Strict):
     """vLLM's multimodal document: a content list of exactly one image part."""
 
@@ -46,7 +54,7 @@ class ContentDocument(Strict):
     )
 
 
-Document = str | JinaImageDocument | ImageUrlPart | ContentDocument
+Document = str | JinaImageDocument | CohereDocument | ImageUrlPart | ContentDocument
 """One candidate image, in any of the accepted shapes."""
 
 
@@ -64,6 +72,8 @@ def image_of(document: Document) -> str:
         return document
     if isinstance(document, JinaImageDocument):
         return document.image
+    if isinstance(document, CohereDocument):
+        return document.text
     if isinstance(document, ImageUrlPart):
         return document.image_url.url
     return document.content[0].image_url.url

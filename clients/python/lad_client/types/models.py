@@ -11,7 +11,10 @@ from pydantic import BaseModel, Field
 class ModelCard(BaseModel):
     """One served model."""
 
-    id: str = Field(description="the model id, as `model` in requests and responses")
+    id: str = Field(
+        description="the served model name (LAD_SERVED_MODEL_NAME), as `model` in requests "
+        "and responses"
+    )
     object: Literal["model"] = Field("model", description='always "model"')
     created: int = Field(description="when this process loaded it (Unix seconds)")
     owned_by: str = Field("lad", description='always "lad"')

@@ -80,9 +80,19 @@ class RerankRequest(RerankOptions):
     model_config = ConfigDict(json_schema_extra={"examples": [RERANK_EXAMPLE]})
 
     query: str = Field(min_length=1, max_length=100_000, description="the caption to match")
+    max_tokens_per_doc: int | None = Field(
+        None,
+        ge=1,
+        description="Cohere v2's text truncation; accepted and ignored (an image "
+        "document is never truncated)",
+    )
+    max_chunks_per_doc: int | None = Field(
+        None, ge=1, description="Cohere v1's chunking of long texts; accepted and ignored"
+    )
     documents: DocumentList | ContentDocuments = Field(
         description="2..LAD_MAX_RERANK_CANDIDATES candidate images, each a data:image/...;"
-        'base64, URL or bare base64 string, Jina\'s {"image": ...}, an image_url content part '
+        'base64, URL or bare base64 string, Cohere\'s {"text": ...}, Jina\'s {"image": ...}, '
+        "an image_url content part "
         '{"type": "image_url", "image_url": {"url": ...}} or vLLM\'s {"content": [<one image_url '
         'part>]}; or vLLM\'s {"content": [<image_url parts>]} (one document per part). Remote '
         "(http://, https://) URLs are not fetched: 400 invalid_image",

@@ -73,7 +73,7 @@ class RetrieveResponse(BaseModel):
         description="the profile applied; null for vanilla, attn_raw, perm_avg and the "
         "uncalibrated fallback",
     )
-    model: str = Field(description="the model id that answered (LAD_MODEL)")
+    model: str = Field(description="the served model name that answered (LAD_SERVED_MODEL_NAME)")
     timings_ms: dict[str, float] = Field(
         description="decode (base64 + image decode + checks), base64, queue, process (the "
         "model's processor), forward, score, debias, encode (process, forward and score are "
