@@ -141,11 +141,12 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
-MAX_LOG_MESSAGE_CHARS = 2000
-"""Most characters of a line's message (what is past them is cut to an ellipsis)."""
+MAX_LOG_MESSAGE_CHARS = 8000
+"""Most characters of a line's message; a longer one keeps its head and its tail (a
+traceback's last line says what failed) around an ellipsis."""
 MAX_LOG_EXCEPTION_CHARS = 8000
 """Most characters of a traceback written with a line (debug level only)."""
-MAX_LOG_LINE_BYTES = 16 * 1024
+MAX_LOG_LINE_BYTES = 32 * 1024
 """Most bytes of one log line: a request whose method, path or fields are 60 KB adds at
 most this much to the log."""
 MAX_LOG_FIELDS = 64
@@ -165,6 +166,14 @@ def _extra(record: logging.LogRecord) -> dict[str, Any]:
     }
 
 
+def _clip_middle(text: str, limit: int = MAX_LOG_MESSAGE_CHARS) -> str:
+    """``text`` within ``limit`` characters: its head and its tail around an ellipsis."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]} … {text[len(text) - half :]}"
+
+
 def _bounded(line: str, cut: str) -> str:
     """``line`` within MAX_LOG_LINE_BYTES; past it, ``cut`` (a shorter line saying so)."""
     return line if len(line.encode("utf-8", "replace")) <= MAX_LOG_LINE_BYTES else cut
@@ -179,12 +188,14 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        message = clip(record.getMessage(), MAX_LOG_MESSAGE_CHARS)
+        message = _clip_middle(record.getMessage())
         body = {**head, "message": message, **_extra(record)}
         if record.exc_info:
-            body["exception"] = clip(self.formatException(record.exc_info), MAX_LOG_EXCEPTION_CHARS)
+            body["exception"] = _clip_middle(
+                self.formatException(record.exc_info), MAX_LOG_EXCEPTION_CHARS
+            )
         line = json.dumps(body, default=str, ensure_ascii=False)
-        short = {**head, "message": clip(message, ECHO_CHARS), "cut_bytes": len(line)}
+        short = {**head, "message": _clip_middle(message, 2000), "cut_bytes": len(line)}
         return _bounded(line, json.dumps(short, default=str, ensure_ascii=False))
 
 
@@ -197,11 +208,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         if len(message) > MAX_LOG_MESSAGE_CHARS:
-            record.msg, record.args = clip(message, MAX_LOG_MESSAGE_CHARS), None
+            record.msg, record.args = _clip_middle(message), None
         line = super().format(record)
         extra = " ".join(f"{k}={v}" for k, v in _extra(record).items())
         line = f"{line} {extra}" if extra else line
-        return _bounded(line, clip(line, MAX_LOG_LINE_BYTES // 4))
+        return _bounded(line, _clip_middle(line, MAX_LOG_LINE_BYTES // 4))
 
 
 def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:

@@ -93,7 +93,9 @@ def test_a_log_line_is_bounded_whatever_it_echoes(formatter: logging.Formatter) 
     assert len(line.encode()) <= MAX_LOG_LINE_BYTES
     if isinstance(formatter, JsonFormatter):
         parsed = json.loads(line)  # still one JSON object
-        assert parsed["message"].startswith("MMM") and parsed["message"].endswith("…")
+        assert parsed["message"].startswith("MMM") and " … " in parsed["message"]
+    tail = formatter.format(_record("x" * 60_000 + " the last line says what failed"))
+    assert tail.count("what failed") == 1  # a traceback keeps its last line
     short = formatter.format(_record("GET /x 200", http_method=LONG))
     assert len(short) < 600 and "…" in short
 
