@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "app.bench.online",
         "time the evidence cache and feedback per store backend (online calibration)",
     ),
+    "model tiny": (
+        "app.models.tiny_cli",
+        "write a tiny random checkpoint of a model type, to serve with LAD_MODEL=<dir>",
+    ),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
     "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),

@@ -188,9 +188,8 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
             if _LAYER_LISTS.search(key):
                 kept = sorted({v if v < 0 else min(v, depth - 1) for v in value})
                 setattr(config, key, kept)
-            elif len(value) > depth and ("layer" in key or key.endswith("s")):
-                if key in ("no_rope_layers", "mlp_layer_types", "moe_layers"):
-                    setattr(config, key, value[:depth])
+            elif len(value) > depth and key in ("no_rope_layers", "mlp_layer_types", "moe_layers"):
+                setattr(config, key, value[:depth])
 
 
 # ---- the processor -------------------------------------------------------------------------
