@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 
 from app.engine.adapter import PromptBatch
-from app.models.base import HFAdapter, without_video_processor
+from app.models.base import HFAdapter, images_per_prompt
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
 """Config fields holding the id of the image placeholder token."""
@@ -56,6 +56,15 @@ def image_token_id(config: Any) -> int | None:
     return None
 
 
+def _names_image_token(config: Any) -> bool:
+    """Whether the config has an image token field at all (a default config may leave it
+    None for the checkpoint to fill)."""
+    owners = (config, getattr(config, "text_config", None))
+    return any(
+        hasattr(owner, key) for owner in owners if owner is not None for key in IMAGE_TOKEN_KEYS
+    )
+
+
 def refusal(config: Any) -> str | None:
     """Why the generic adapter cannot serve ``config`` (None: it can)."""
     if getattr(config, "is_encoder_decoder", False):
@@ -68,7 +77,7 @@ def refusal(config: Any) -> str | None:
             "image features reach the text through cross-attention layers, not as tokens of "
             "the sequence (no image span to read attention over)"
         )
-    if image_token_id(config) is None:
+    if not _names_image_token(config):
         return (
             "no image tokens in the sequence: the config names no image_token_id / "
             "image_token_index"
@@ -128,50 +137,47 @@ class GenericAdapter(HFAdapter):
         cls, path: str, revision: str | None = None, trust_remote_code: bool = False
     ) -> Any:
         """The saved processor; where ``AutoProcessor`` cannot build it (its video processor
-        needs torchvision), the class the checkpoint names (``processor_class``) without
-        its video processor."""
-        import transformers
+        needs torchvision), the class the checkpoint names (``processor_class``) built from
+        the saved parts, with a stand-in video processor (no video is ever sent)."""
+        from transformers import AutoImageProcessor, AutoTokenizer
         from transformers.processing_utils import ProcessorMixin
+        from transformers.video_processing_utils import BaseVideoProcessor
 
         try:
             return super().load_processor(path, revision, trust_remote_code)
         except NotImplementedError:
             saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
-        saved_name = str(saved.get("processor_class")).removesuffix(
-            "NoVideo"
-        )  # as saved by a tiny build
-        processor_cls = getattr(transformers, saved_name, None)
-        if processor_cls is None or not hasattr(processor_cls, "get_attributes"):
-            raise ValueError(f"{path}: no processor class transformers knows is saved there")
-        if "video_processor" in processor_cls.get_attributes():
-            name = f"{processor_cls.__name__}NoVideo"
-            processor_cls = without_video_processor(processor_cls, name, __name__)
+        processor_cls = processor_class_named(str(saved.get("processor_class")))
         options = {"revision": revision, "trust_remote_code": trust_remote_code}
-        return processor_cls.from_pretrained(path, **options)
+        parts: dict[str, Any] = {
+            "tokenizer": AutoTokenizer.from_pretrained(path, **options),
+            "image_processor": AutoImageProcessor.from_pretrained(path, **options),
+        }
+        if "video_processor" in processor_cls.get_attributes():
+            processor_cls = with_stand_in_video(processor_cls)
+            parts["video_processor"] = BaseVideoProcessor()
+        params = inspect.signature(processor_cls.__init__).parameters
+        settings = {k: v for k, v in saved.items() if k in params and k not in parts}
+        settings["chat_template"] = parts["tokenizer"].chat_template or saved.get("chat_template")
+        return processor_cls(**parts, **settings)
 
     def process(
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]], **options: Any
     ) -> PromptBatch:
         """As the base, asking the processor where each image's expansion lies; the spans
         are kept (keyed by the row's tokens) for ``image_spans``."""
-        flat = self.processor_images(images)
         asked = {
             "return_text_replacement_offsets": True,
             "return_offsets_mapping": True,
             "return_mm_token_type_ids": self._takes("mm_token_type_ids"),
         }
+        flat = self.processor_images(images)
         try:
-            out = self.processor(
-                text=list(prompts),
-                images=flat,
-                padding=True,
-                padding_side="left",
-                return_tensors="pt",
-                **self.processor_kwargs(flat or []),
-                **asked,
-                **options,
-            )
-        except (TypeError, ValueError, NotImplementedError):  # no offsets from this tokenizer
+            out = self._call(prompts, flat, flat, {**asked, **options})
+        except ValueError:  # processors that split images by prompt only when nested
+            nested = images_per_prompt(images)
+            out = self._call(prompts, nested, flat, {**asked, **options})
+        except (TypeError, NotImplementedError):  # no offsets from this tokenizer
             return super().process(prompts, images, **options)
         offsets = out.get("offset_mapping")
         replaced = out.get("text_replacement_offsets")
@@ -186,6 +192,19 @@ class GenericAdapter(HFAdapter):
                 spans = self._spans_from_offsets(row, marks, offsets[row], batch)
                 self._remember(batch.input_ids[row], batch.attention_mask[row], spans)
         return batch
+
+    def _call(self, prompts: Sequence[str], images: Any, flat: Any, options: dict[str, Any]) -> Any:
+        """The processor on ``images`` (flat or nested per prompt; ``flat``: the same RGB
+        images in one list, for the per-call options)."""
+        return self.processor(
+            text=list(prompts),
+            images=images,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+            **self.processor_kwargs(flat or []),
+            **options,
+        )
 
     def _spans_from_offsets(
         self, row: int, marks: Sequence[dict], offsets: torch.Tensor, batch: PromptBatch
@@ -251,7 +270,9 @@ class GenericAdapter(HFAdapter):
         listed = getattr(self.processor, "image_token_ids", None) or []
         found = {int(t) for t in listed if isinstance(t, int)}
         own = image_token_id(self.config)
-        if own is not None:
+        if own is None:  # the processor's, where the config leaves it unset
+            own = getattr(self.processor, "image_token_id", None)
+        if isinstance(own, int):
             found.add(int(own))
         return found
 
@@ -350,6 +371,50 @@ class GenericAdapter(HFAdapter):
         if not self._model_positions():
             return text
         return text[None].expand(3, -1, -1)  # temporal, height, width axes alike
+
+
+_STAND_INS: dict[type, type] = {}
+
+
+def with_stand_in_video(processor_cls: type) -> type:
+    """``processor_cls`` taking a plain ``BaseVideoProcessor`` as its video processor.
+
+    The family's video processors need torchvision, which the service does not install, and
+    no video is ever sent; the processor's own code (positional parts, its image and text
+    expansion) runs unchanged. Same class name, so a saved processor names its family's
+    class."""
+    if processor_cls not in _STAND_INS:
+
+        def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
+            from transformers.video_processing_utils import BaseVideoProcessor
+
+            if argument_name == "video_processor" and isinstance(argument, BaseVideoProcessor):
+                return BaseVideoProcessor
+            return processor_cls.check_argument_for_proper_class(self, argument_name, argument)
+
+        namespace = {
+            "check_argument_for_proper_class": check_argument_for_proper_class,
+            "__module__": processor_cls.__module__,
+            "__doc__": f"{processor_cls.__name__} with a stand-in video processor.",
+        }
+        _STAND_INS[processor_cls] = type(processor_cls.__name__, (processor_cls,), namespace)
+    return _STAND_INS[processor_cls]
+
+
+def processor_class_named(name: str) -> type:
+    """The processor class a checkpoint names (a tiny build's ``...NoVideo`` subclass by its
+    parent's name), torchvision-free where the service has its own build of it."""
+    import transformers
+
+    from app.models.mistral3 import PixtralProcessor
+
+    name = name.removesuffix("NoVideo")
+    if name == "PixtralProcessor":  # transformers' needs torchvision; the service's does not
+        return PixtralProcessor
+    processor_cls = getattr(transformers, name, None)
+    if processor_cls is None or not hasattr(processor_cls, "get_attributes"):
+        raise ValueError(f"the checkpoint names no processor class transformers has ({name!r})")
+    return processor_cls
 
 
 def _find(ids: list[int], real: tuple[int, ...]) -> int | None:

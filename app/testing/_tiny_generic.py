@@ -28,15 +28,16 @@ from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_M
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+from transformers.video_processing_utils import BaseVideoProcessor
 
-from app.models.base import without_video_processor
-from app.models.generic import refusal
+from app.models.generic import processor_class_named, refusal, with_stand_in_video
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
-WIDTH = 64
-"""Every hidden width (text and vision alike, so projections between them agree)."""
-HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+HEADS, KV_HEADS = 2, 1
+"""Attention heads of every tower. Head dimensions keep their defaults (rope sections,
+partial rotary factors and the like are laid out for them); every hidden width becomes
+HEADS x the text model's head dimension, text and vision alike, so projections agree."""
 TEXT_LAYERS, VISION_LAYERS = 4, 2
 EXPERTS, EXPERTS_PER_TOKEN = 4, 2
 _ONE_EACH = ("n_shared_experts", "num_shared_experts", "n_group", "topk_group")
@@ -112,7 +113,34 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
-    return model.eval(), processor
+    model = model.eval()
+    _agree_on_image_tokens(model, processor)
+    return model, processor
+
+
+_FEATURES_MISMATCH = re.compile(r"tokens: (\d+), features: (\d+)")
+
+
+def _agree_on_image_tokens(model: Any, processor: Any) -> None:
+    """Where the processor writes a different number of image tokens than the tower gives
+    features (``num_additional_image_tokens``, a processor setting a checkpoint saves and
+    a default leaves at 0), set the processor to the tower's count, from one probe image."""
+    if not hasattr(processor, "num_additional_image_tokens"):
+        return
+    text = getattr(processor, "image_token", None) or "<image>"
+    try:
+        inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
+        with torch.no_grad():
+            model(**{k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+    except ValueError as exc:
+        match = _FEATURES_MISMATCH.search(str(exc))
+        if match is None:
+            return
+        tokens, numel = int(match.group(1)), int(match.group(2))
+        width = int(model.config.get_text_config().hidden_size)
+        processor.num_additional_image_tokens += numel // width - tokens
+    except Exception:  # other failures are the checks' to report
+        return
 
 
 def _model_class(model_type: str) -> type:
@@ -132,10 +160,23 @@ def _configs(config: PretrainedConfig) -> list[PretrainedConfig]:
     return found
 
 
+def text_head_dim(config: PretrainedConfig) -> int:
+    """The text model's head dimension, as the default config lays it out."""
+    text = config.get_text_config()
+    try:
+        head_dim = getattr(text, "head_dim", None)
+    except Exception:  # a per-layer attribute (it varies across layers): the layers' widths
+        head_dim = None
+    if isinstance(head_dim, int) and head_dim > 0:
+        return head_dim
+    return int(text.hidden_size) // int(text.num_attention_heads)
+
+
 def shrink(config: PretrainedConfig) -> None:
     """Every width, depth, head count and expert count of ``config`` and its sub-configs
     made tiny, in place, by field name (layer-index lists and ``layer_types`` cut to the
     new depth, a hybrid decoder keeping at least one full-attention layer)."""
+    width = HEADS * text_head_dim(config)
     text = getattr(config, "text_config", None)
     for sub in _configs(config):
         is_text = sub is text or (text is None and sub is config)
@@ -146,9 +187,9 @@ def shrink(config: PretrainedConfig) -> None:
                 continue
             if isinstance(value, int):
                 if _WIDTHS.match(key):
-                    setattr(sub, key, WIDTH)
+                    setattr(sub, key, width)
                 elif _INTERMEDIATE.search(key):
-                    setattr(sub, key, 2 * WIDTH if "moe" not in key else WIDTH)
+                    setattr(sub, key, 2 * width if "moe" not in key else width)
                 elif _DEPTHS.match(key):
                     old_depth = old_depth or value
                     setattr(sub, key, depth)
@@ -156,8 +197,6 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, HEADS)
                 elif _KV_COUNTS.match(key):
                     setattr(sub, key, KV_HEADS)
-                elif key == "head_dim":
-                    setattr(sub, key, HEAD_DIM)
                 elif _EXPERT_COUNTS.match(key):
                     setattr(sub, key, EXPERTS)
                 elif _EXPERT_TOPK.match(key):
@@ -168,9 +207,23 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, 1)
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
+        _heads_for_head_dim(sub, width)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
             _cut_layer_lists(sub, new_depth)
+
+
+def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
+    """A tower whose head dimension is a field of its own keeps heads x head_dim = width."""
+    head_dim = vars(config).get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= 0 or width % head_dim:
+        return
+    heads = max(1, width // head_dim)
+    for key, value in list(vars(config).items()):
+        if _HEAD_COUNTS.match(key):
+            setattr(config, key, heads)
+        elif _KV_COUNTS.match(key) and isinstance(value, int):
+            setattr(config, key, min(KV_HEADS, heads))
 
 
 def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
@@ -209,14 +262,10 @@ def _processor_class(model_type: str) -> type:
 
 
 def _importable(name: str, model_type: str) -> type:
-    """transformers' class ``name``, from its own module where the top-level name is a
-    placeholder (a module that imports a torchvision helper), or the service's own
-    torchvision-free build of it."""
-    from app.models import mistral3
-
-    own = {"PixtralProcessor": mistral3.PixtralProcessor}
-    if name in own:
-        return own[name]
+    """transformers' class ``name``, or the service's torchvision-free build of it; a
+    placeholder class (its module needs torchvision) is refused with that reason."""
+    if name == "PixtralProcessor":
+        return processor_class_named(name)
     cls = getattr(transformers, name, None)
     if cls is None:
         raise TinyBuildError(f"{model_type}: transformers has no class {name}")
@@ -226,18 +275,21 @@ def _importable(name: str, model_type: str) -> type:
 
 
 def _image_processor(model_type: str, processor_cls: type) -> Any:
-    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-    if names is None:
-        module = model_type_to_module_name(model_type)
-        names = next(
-            (
-                v
-                for k, v in IMAGE_PROCESSOR_MAPPING_NAMES.items()
-                if model_type_to_module_name(k) == module
-            ),
-            None,
-        )
-    name = (names or {}).get("pil") if isinstance(names, dict) else None
+    """The PIL image processor of the type (or of its processor's own model module)."""
+    modules = {model_type_to_module_name(model_type), processor_cls.__module__.split(".")[-2]}
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or next(
+        (
+            v
+            for k, v in IMAGE_PROCESSOR_MAPPING_NAMES.items()
+            if model_type_to_module_name(k) in modules
+        ),
+        None,
+    )
+    names = names if isinstance(names, dict) else {}
+    name = names.get("pil")
+    if not name and names.get("torchvision"):
+        candidate = f"{names['torchvision']}Pil"  # transformers' naming of the PIL twin
+        name = candidate if hasattr(transformers, candidate) else None
     if not name:
         raise TinyBuildError(f"{model_type}: no image processor that runs without torchvision")
     image_processor = _importable(name, model_type)()
@@ -307,13 +359,12 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     """The type's processor built in code (see the module docstring)."""
     processor_cls = _processor_class(model_type)
     attributes = processor_cls.get_attributes()
-    if "video_processor" in attributes:
-        processor_cls = without_video_processor(
-            processor_cls, f"{processor_cls.__name__}NoVideo", __name__
-        )
     image_processor = _image_processor(model_type, processor_cls)
     _sync_image_size(image_processor, config)
     parts: dict[str, Any] = {"image_processor": image_processor}
+    if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
+        processor_cls = with_stand_in_video(processor_cls)
+        parts["video_processor"] = BaseVideoProcessor()
     if "feature_extractor" in attributes:
         name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(
             model_type
@@ -353,7 +404,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     else:
         raise TinyBuildError(f"{model_type}: its processor asks for ever more tokens")
     if not getattr(processor, "chat_template", None):
-        processor.chat_template = _chat_template(processor)
+        processor.chat_template = _chat_template(processor, config)
     return processor
 
 
@@ -398,9 +449,50 @@ def _tokenizer(processor_cls: type, named: dict[str, str], stems: Sequence[str] 
     return byte_level_tokenizer(unique, attributes)
 
 
-def _chat_template(processor: Any) -> str:
-    """ChatML turns; each image part written as the processor's image placeholder."""
+_CONFIG_DELIMITER = re.compile(r"^(image|vision)_(start|end)_token_(id|index)$")
+
+
+def _probe_ids(processor: Any, text: str) -> list[int]:
+    """Token ids the processor makes of ``text`` with one small image (empty if it fails)."""
+    try:
+        out = processor(text=[text], images=[probe_image()], return_tensors="pt")
+    except Exception:  # a processor that cannot take this probe: nothing learnt
+        return []
+    return out["input_ids"][0].tolist()
+
+
+def probe_image() -> Any:
+    from app.testing.tiny_models import random_images
+
+    return random_images(1, seed=99, sizes=[(48, 48)])[0]
+
+
+def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
+    """The image delimiters the config names (``vision_start_token_id`` ...) that the
+    processor's expansion leaves out: a checkpoint's template writes those itself."""
     placeholder = getattr(processor, "image_token", None) or "<image>"
+    vocab = processor.tokenizer.get_vocab()
+    expanded = set(_probe_ids(processor, placeholder))
+    found = {"start": "", "end": ""}
+    for sub in _configs(config):
+        for key in vars(sub):
+            match = _CONFIG_DELIMITER.match(key)
+            if match is None or match.group(1) == "video":
+                continue
+            stem = re.sub(r"_(id|index)$", "", key)
+            text = getattr(processor, stem, None) or _token_text(stem)
+            if text in vocab and vocab[text] not in expanded:
+                found[match.group(2)] = found[match.group(2)] or text
+    if bool(found["start"]) != bool(found["end"]):
+        return "", ""
+    return found["start"], found["end"]
+
+
+def _chat_template(processor: Any, config: PretrainedConfig) -> str:
+    """ChatML turns; each image part written as the processor's image placeholder, between
+    the delimiters the config names where the processor does not write them."""
+    opening, closing = _delimiters(processor, config)
+    placeholder = opening + (getattr(processor, "image_token", None) or "<image>") + closing
     return chatml_template(
         "{% for content in message['content'] %}"
         f"{{% if content['type'] == 'image' %}}{placeholder}"

@@ -3,6 +3,7 @@
 limits    docs/api.md "Limits and errors" (the settings and the error table)
 families  docs/models.md family table (the adapter registry)
 bench     docs/benchmarks.md tables (the JSON records under bench/results/)
+matrix    docs/models.md model matrix (app/testing/model_matrix.json)
 all       every block above, with the same flag
 
 No flag prints the block(s); ``--write`` rewrites the page in place; ``--check`` exits 1 when
@@ -18,6 +19,7 @@ GENERATORS: dict[str, str] = {
     "limits": "tools.docs.limits",
     "families": "tools.docs.families",
     "bench": "tools.docs.bench_tables",
+    "matrix": "tools.docs.model_matrix",
 }
 
 
