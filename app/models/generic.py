@@ -153,11 +153,18 @@ class GenericAdapter(HFAdapter):
             "tokenizer": AutoTokenizer.from_pretrained(path, **options),
             "image_processor": AutoImageProcessor.from_pretrained(path, **options),
         }
-        if "video_processor" in processor_cls.get_attributes():
+        attributes = processor_cls.get_attributes()
+        if "video_processor" in attributes:
             processor_cls = with_stand_in_video(processor_cls)
             parts["video_processor"] = BaseVideoProcessor()
+        if "feature_extractor" in attributes:  # an audio front end (omni models)
+            from transformers import AutoFeatureExtractor
+
+            parts["feature_extractor"] = AutoFeatureExtractor.from_pretrained(path, **options)
         params = inspect.signature(processor_cls.__init__).parameters
-        settings = {k: v for k, v in saved.items() if k in params and k not in parts}
+        settings = {
+            k: v for k, v in saved.items() if k in params and k not in parts and k not in attributes
+        }
         settings["chat_template"] = parts["tokenizer"].chat_template or saved.get("chat_template")
         return processor_cls(**parts, **settings)
 

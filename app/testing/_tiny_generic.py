@@ -96,6 +96,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     reason = refusal(config)
     if reason is not None:
         raise TinyBuildError(f"{model_type}: {reason}")
+    for key, sub_cls in (getattr(config, "sub_configs", None) or {}).items():
+        if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
+            setattr(config, key, sub_cls())
     shrink(config)
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
@@ -104,6 +107,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
     config.tie_word_embeddings = False
+    config = _rebuilt(config)
     text = getattr(config, "text_config", None) or config
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
@@ -141,6 +145,20 @@ def _agree_on_image_tokens(model: Any, processor: Any) -> None:
         processor.num_additional_image_tokens += numel // width - tokens
     except Exception:  # other failures are the checks' to report
         return
+
+
+def _rebuilt(config: PretrainedConfig) -> PretrainedConfig:
+    """The config made again from its fields, as loading a checkpoint makes it, so settings
+    derived from the depth (a heterogeneous config's per-layer table) follow the new one."""
+
+    def without_tables(fields: dict) -> dict:
+        return {
+            k: without_tables(v) if isinstance(v, dict) else v
+            for k, v in fields.items()
+            if k != "per_layer_config"
+        }
+
+    return type(config).from_dict(without_tables(config.to_dict()))
 
 
 def _model_class(model_type: str) -> type:
@@ -227,22 +245,31 @@ def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
 
 
 def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
-    """Per-layer lists cut to ``depth``; lists of layer indices kept inside it."""
+    """Per-layer settings cut to ``depth`` (lists per layer, dicts keyed by layer index) and
+    lists of layer indices kept inside it. Layer i keeps layer i's settings, but for the
+    last, which takes the first full-attention layer's where a hybrid decoder's first
+    ``depth`` layers hold none (Λ needs one)."""
     kinds = getattr(config, "layer_types", None)
+    sources = list(range(depth))
     if isinstance(kinds, list) and kinds:
-        cut = list(kinds[:depth]) + [kinds[-1]] * max(0, depth - len(kinds))
-        if "full_attention" in kinds and "full_attention" not in cut:
-            cut[-1] = "full_attention"
-        config.layer_types = cut
+        sources = [min(i, len(kinds) - 1) for i in range(depth)]
+        if "full_attention" in kinds and "full_attention" not in kinds[:depth]:
+            sources[-1] = kinds.index("full_attention")
+        config.layer_types = [kinds[i] for i in sources]
     for key, value in list(vars(config).items()):
-        if key == "layer_types" or not isinstance(value, list) or not value:
+        if key == "layer_types" or not value:
             continue
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if isinstance(value, dict) and all(str(k).isdigit() for k in value):
+            picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
+            setattr(config, key, {i: v for i, v in picked.items() if v is not None})
+        elif isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
             if _LAYER_LISTS.search(key):
                 kept = sorted({v if v < 0 else min(v, depth - 1) for v in value})
                 setattr(config, key, kept)
             elif len(value) > depth and key in ("no_rope_layers", "mlp_layer_types", "moe_layers"):
-                setattr(config, key, value[:depth])
+                setattr(config, key, [value[i] for i in sources])
 
 
 # ---- the processor -------------------------------------------------------------------------
@@ -397,7 +424,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
             continue
         except Exception as exc:
             raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
-        absent = _absent_tokens(processor, tokenizer, named)
+        absent = _absent_tokens(processor, tokenizer, named) or _asked_on_a_call(processor, named)
         if not absent:
             break
         named.update(absent)
@@ -408,13 +435,31 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     return processor
 
 
+_ASKED = re.compile(r"tokenizer does not have an? `(\w+?)(_id)?` defined")
+
+
+def _asked_on_a_call(processor: Any, named: dict[str, str]) -> dict[str, str]:
+    """A tokenizer attribute the processor asks for only when called (one probe call)."""
+    try:
+        processor(text=[getattr(processor, "image_token", "") or ""], images=[probe_image()])
+    except Exception as exc:  # the probe is only to read what the processor asks for
+        missing = _ASKED.search(str(exc))
+        if missing is not None and missing.group(1) not in named:
+            return {missing.group(1): _token_text(missing.group(1))}
+    return {}
+
+
 def _absent_tokens(processor: Any, tokenizer: Any, named: dict[str, str]) -> dict[str, str]:
     """Token strings the processor holds that the tokenizer cannot write as one token."""
     absent: dict[str, str] = {}
     vocab = tokenizer.get_vocab()
     for key, value in vars(processor).items():
-        if key.endswith("_token") and isinstance(value, str) and value and value not in vocab:
+        if not key.endswith("_token"):
+            continue
+        if isinstance(value, str) and value and value not in vocab:
             absent[f"lad_{key}" if key in named else key] = value
+        elif value is None and key not in named:  # read from a tokenizer attribute it lacks
+            absent[key] = _token_text(key)
     return absent
 
 

@@ -49,15 +49,16 @@ def image_text_types() -> tuple[str, ...]:
 
 
 def mixed_items(seed: int = 0) -> list[Any]:
-    """N = 3 and N = 5, images of different sizes and aspect ratios."""
+    """N = 3 and N = 5, images of different sizes and aspect ratios (large enough that
+    processors cutting an image into tiles of its aspect give every image tokens)."""
     from app.engine.runner import RetrievalItem
     from app.testing.tiny_models import random_images
 
     return [
-        RetrievalItem("a red square", random_images(3, seed=seed, sizes=[(48, 48), (40, 56)])),
+        RetrievalItem("a red square", random_images(3, seed=seed, sizes=[(96, 96), (80, 112)])),
         RetrievalItem(
             "two dogs on a blue sofa",
-            random_images(5, seed=seed + 1, sizes=[(64, 40), (32, 32), (56, 28)]),
+            random_images(5, seed=seed + 1, sizes=[(128, 80), (64, 64), (112, 56)]),
         ),
     ]
 
