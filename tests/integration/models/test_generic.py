@@ -148,3 +148,13 @@ def test_the_generic_spans_cover_exactly_the_image_tokens(generic_tiny) -> None:
         assert sum(int((ids[s:e] == image_id).sum()) for s, e in spans) == int(
             (ids == image_id).sum()
         )
+
+
+def test_bench_attention_lowers_a_side_that_does_not_fit_the_context(tmp_path: Path) -> None:
+    from app.bench import attention_check
+
+    out = tmp_path / "attention.json"
+    argv = ["--models", "tiny-mistral3", "--dtypes", "float32", "--out", str(out)]
+    assert attention_check.main(argv) == 0  # default --side 224: 4 images overflow 2,048
+    (check,) = json.loads(out.read_text())["checks"]
+    assert check["ok"] and check["image_side"] < 224 and check["prompt_tokens"] <= 2048
