@@ -337,6 +337,14 @@ def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
     """The image processor resizes to the vision tower's ``image_size`` (a processor's
     default and a config's default need not agree; a checkpoint saves them agreeing)."""
     vision = getattr(config, "vision_config", None)
+    for key, own in (
+        ("patch_size", "patch_size"),
+        ("temporal_patch_size", "temporal_patch_size"),
+        ("merge_size", "spatial_merge_size"),
+    ):
+        value = getattr(vision, own, None)
+        if isinstance(value, int) and isinstance(getattr(image_processor, key, None), int):
+            setattr(image_processor, key, value)  # one patch grid for processor and tower
     side = getattr(vision, "image_size", None)
     if isinstance(side, (list, tuple)):
         side = side[0]
