@@ -230,7 +230,8 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
     more). The families above keep their own builders (real Qwen vocabularies, layouts
     pinned by their tests); any other model type of transformers' image-text-to-text
     mapping is built generically (``app.testing._tiny_generic``; ``dtype`` is its one
-    override), raising ``TinyBuildError`` that names why where it cannot be."""
+    override, ``image_pixels`` is ignored: images take the tower's own size), raising
+    ``TinyBuildError`` that names why where it cannot be."""
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:
@@ -238,6 +239,7 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
         return module.build(seed=seed, **overrides)
     from app.testing import _tiny_generic
 
+    overrides.pop("image_pixels", None)  # the generic build keeps the tower's image size
     unknown = set(overrides) - {"dtype"}
     if unknown:
         raise TypeError(f"unknown overrides for the generic tiny {family}: {sorted(unknown)}")
