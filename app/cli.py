@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "time the evidence cache and feedback per store backend (online calibration)",
     ),
     "model tiny": (
-        "app.models.tiny_cli",
+        "app.testing.tiny_cli",
         "write a tiny random checkpoint of a model type, to serve with LAD_MODEL=<dir>",
     ),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),

@@ -408,16 +408,25 @@ def with_stand_in_video(processor_cls: type) -> type:
     return _STAND_INS[processor_cls]
 
 
+def _adapter_classes(root: type) -> list[type]:
+    """Every adapter class defined so far (the registry imports the families' modules)."""
+    found = []
+    for sub in root.__subclasses__():
+        found.extend([sub, *_adapter_classes(sub)])
+    return found
+
+
 def processor_class_named(name: str) -> type:
     """The processor class a checkpoint names (a tiny build's ``...NoVideo`` subclass by its
-    parent's name), torchvision-free where the service has its own build of it."""
+    parent's name), torchvision-free where a family adapter has its own build of it (its
+    ``processor_class``; the registry has imported the families before any load)."""
     import transformers
 
-    from app.models.mistral3 import PixtralProcessor
-
     name = name.removesuffix("NoVideo")
-    if name == "PixtralProcessor":  # transformers' needs torchvision; the service's does not
-        return PixtralProcessor
+    for adapter in _adapter_classes(HFAdapter):  # e.g. Mistral 3's PixtralProcessor
+        own = adapter.processor_class
+        if own is not None and own.__name__ == name:
+            return own
     processor_cls = getattr(transformers, name, None)
     if processor_cls is None or not hasattr(processor_cls, "get_attributes"):
         raise ValueError(f"the checkpoint names no processor class transformers has ({name!r})")

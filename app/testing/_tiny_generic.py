@@ -31,6 +31,7 @@ from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 from transformers.video_processing_utils import BaseVideoProcessor
 
 from app.models.generic import processor_class_named, refusal, with_stand_in_video
+from app.models.registry import supported_model_types
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -292,6 +293,7 @@ def _importable(name: str, model_type: str) -> type:
     """transformers' class ``name``, or the service's torchvision-free build of it; a
     placeholder class (its module needs torchvision) is refused with that reason."""
     if name == "PixtralProcessor":
+        supported_model_types()  # the families' adapters, which hold their own processors
         return processor_class_named(name)
     cls = getattr(transformers, name, None)
     if cls is None:

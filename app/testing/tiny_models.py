@@ -237,13 +237,12 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
     if family in _OTHER_FAMILIES:
         module = importlib.import_module(_OTHER_FAMILIES[family])
         return module.build(seed=seed, **overrides)
-    from app.testing import _tiny_generic
-
+    generic = importlib.import_module("app.testing._tiny_generic")
     overrides.pop("image_pixels", None)  # the generic build keeps the tower's image size
     unknown = set(overrides) - {"dtype"}
     if unknown:
         raise TypeError(f"unknown overrides for the generic tiny {family}: {sorted(unknown)}")
-    return _tiny_generic.build(family, seed=seed, **overrides)
+    return generic.build(family, seed=seed, **overrides)
 
 
 def attention_layers(family: str) -> tuple[int, ...]:
