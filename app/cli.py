@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "app.bench.online",
         "time the evidence cache and feedback per store backend (online calibration)",
     ),
+    "model tiny": (
+        "app.testing.tiny_cli",
+        "write a tiny random checkpoint of a model type, to serve with LAD_MODEL=<dir>",
+    ),
     "eval": ("app.eval.cli", "evaluate methods on a dataset: CIs, diagnostics, report, plots"),
     "eval rerank": (
         "app.eval.rerank",

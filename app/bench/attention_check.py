@@ -24,17 +24,34 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 QUERY = "a small red circle at the top on a striped background"
 
 
+MIN_SIDE = 16
+"""Smallest image side tried when the requested one does not fit the model's context."""
+
+
 def compare(model: str, device: str, dtype: str, n: int, side: int) -> dict:
-    """Max |captured - eager| over layers and images for one request of ``n`` images."""
+    """Max |captured - eager| over layers and images for one request of ``n`` images. Where
+    ``n`` images of ``side`` pixels do not fit the model's context (a tiny model's 2,048
+    tokens), the side is halved until they do; the record says which side ran."""
     import torch
 
     from app.bench import engine_setup
     from app.engine.attention import eager_attentions, span_mass
+    from app.engine.interface import PromptTooLongError
 
     engine_setup.DEVICE.update(device=device, dtype=dtype)
-    runner = engine_setup.build(model, side, threads=torch.get_num_threads())
-    items = engine_setup.requests(n, side, QUERY)
-    captured = runner.forward(items).attention[0]
+    asked = side
+    while True:
+        runner = engine_setup.build(model, side, threads=torch.get_num_threads())
+        items = engine_setup.requests(n, side, QUERY)
+        try:
+            captured = runner.forward(items).attention[0]
+            break
+        except PromptTooLongError as exc:
+            if side // 2 < MIN_SIDE:
+                raise SystemExit(f"lad bench attention: {model}: {exc}") from None
+            side //= 2
+    if side != asked:
+        print(f"{model}: --side {asked} does not fit its context; ran with --side {side}")
     batch = runner.process(items)
     spans = runner.adapter.image_spans(batch.input_ids[0], n)
     attentions = eager_attentions(runner.model, runner.adapter, batch, logits_to_keep=1)

@@ -337,10 +337,10 @@ def without_video_processor(processor_cls: type, name: str, module: str) -> type
         **kwargs: Any,
     ) -> None:
         kwargs.pop("video_processor", None)
-        processor_cls.__init__(
+        processor_cls.__init__(  # keywords: some processors take their parts in another order
             self,
-            image_processor,
-            tokenizer,
+            image_processor=image_processor,
+            tokenizer=tokenizer,
             video_processor=None,
             chat_template=chat_template,
             **kwargs,

@@ -1,5 +1,9 @@
 """Registry of family adapters keyed by the config's ``model_type``.
 
+A model type without a registered adapter gets the generic one
+(``app.models.generic.GenericAdapter``) unless its config says why it cannot be served
+(``generic.refusal``: encoder-decoder, cross-attention images, no image tokens).
+
 Built-in families are imported on first lookup, so a family module may import this one
 (to register itself) without a cycle.
 """
@@ -28,7 +32,7 @@ _loaded = False
 
 
 class UnsupportedModelError(ValueError):
-    """The checkpoint's ``model_type`` has no adapter."""
+    """The checkpoint's ``model_type`` cannot be served; the message names why."""
 
 
 def register(adapter_cls: type[HFAdapter]) -> type[HFAdapter]:
@@ -64,6 +68,27 @@ def adapter_class(model_type: str) -> type[HFAdapter]:
         ) from None
 
 
+def registered(model_type: str) -> bool:
+    """Whether ``model_type`` has an adapter written for it (else the generic one)."""
+    _load_builtins()
+    return model_type in _ADAPTERS
+
+
 def adapter_for(config: Any) -> type[HFAdapter]:
-    """The adapter class for a transformers config (by ``config.model_type``)."""
-    return adapter_class(getattr(config, "model_type", None) or "")
+    """The adapter class for a transformers config: the one registered for its
+    ``model_type``, else the generic adapter; raises UnsupportedModelError naming why
+    when neither can serve it."""
+    from app.models.generic import GenericAdapter, refusal
+
+    model_type = getattr(config, "model_type", None) or ""
+    if registered(model_type):
+        return _ADAPTERS[model_type]
+    reason = refusal(config)
+    if reason is not None:
+        written = ", ".join(supported_model_types())
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} cannot be served: {reason} "
+            f"(adapters written for: {written}; any other decoder-only type with image "
+            "tokens is served by the generic adapter)"
+        )
+    return GenericAdapter

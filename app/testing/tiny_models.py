@@ -225,14 +225,24 @@ def qwen_token_ids(ids: dict[str, int]) -> dict[str, int]:
 
 
 def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
-    """A tiny random model of ``family`` and its in-code processor (about a second; the
-    first Qwen build of a process also reads the real vocabulary, a few seconds more)."""
+    """A tiny random model of ``family`` (a model type) and its in-code processor (about a
+    second; the first Qwen build of a process also reads the real vocabulary, a few seconds
+    more). The families above keep their own builders (real Qwen vocabularies, layouts
+    pinned by their tests); any other model type of transformers' image-text-to-text
+    mapping is built generically (``app.testing._tiny_generic``; ``dtype`` is its one
+    override, ``image_pixels`` is ignored: images take the tower's own size), raising
+    ``TinyBuildError`` that names why where it cannot be."""
     if family in ("qwen2_5_vl", "qwen2_vl"):
         return _build_qwen(family, seed, **overrides)
     if family in _OTHER_FAMILIES:
         module = importlib.import_module(_OTHER_FAMILIES[family])
         return module.build(seed=seed, **overrides)
-    raise ValueError(f"unknown tiny family {family!r}; use one of {FAMILIES}")
+    generic = importlib.import_module("app.testing._tiny_generic")
+    overrides.pop("image_pixels", None)  # the generic build keeps the tower's image size
+    unknown = set(overrides) - {"dtype"}
+    if unknown:
+        raise TypeError(f"unknown overrides for the generic tiny {family}: {sorted(unknown)}")
+    return generic.build(family, seed=seed, **overrides)
 
 
 def attention_layers(family: str) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from app.models.registry import supported_model_types
 from tools.docs import families as families_doc
+from tools.docs import model_matrix
 from tools.docs.blocks import replace_block, sync
 
 
@@ -39,3 +40,18 @@ def test_check_fails_on_a_stale_table(tmp_path: Path, monkeypatch) -> None:
     assert families_doc.main(["--write"]) == 0
     assert "and more" in readme.read_text() and readme.read_text().endswith("rest\n")
     assert families_doc.main(["--check"]) == 0
+
+
+def test_the_model_matrix_table_is_current() -> None:
+    assert model_matrix.main(["--check"]) == 0, "run `python -m tools.docs matrix --write`"
+
+
+def test_the_matrix_table_has_a_row_per_type_saying_what_was_tested() -> None:
+    text = model_matrix.table()
+    header = next(line for line in text.splitlines() if line.startswith("| `model_type`"))
+    rows = [line for line in text.splitlines() if line.startswith("| `") and line != header]
+    served = [row for row in rows if " | served | " in row]
+    assert served and all("captured == eager" in row for row in served)
+    assert all(
+        " | refused | " in row or " | served | " in row or "not built here" in row for row in rows
+    )

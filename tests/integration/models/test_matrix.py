@@ -1,0 +1,41 @@
+"""The model matrix over transformers' whole image-text-to-text mapping (app.testing.matrix).
+
+Each model type is built and checked again and must keep its committed outcome
+(app/testing/model_matrix.json, from which docs/models.md's matrix table is generated):
+a served type still passes every check (spans cover exactly the image tokens, scores
+normalised, an N = 3 + 5 batch equals its items alone, captured == eager to 1e-5 in float32,
+its saved directory served through load_runner); a refused type is still refused at load
+with the same reason. Types not built here must still fail to build or check (so that one
+starting to work is noticed and recorded with ``python -m app.testing.matrix --write``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.testing.matrix import NOT_BUILT, REFUSED, RESULTS, SERVED, image_text_types, outcome
+
+RECORD = {row["model_type"]: row for row in json.loads(RESULTS.read_text())["types"]}
+
+
+def test_the_record_covers_the_whole_mapping() -> None:
+    assert set(RECORD) == set(image_text_types())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", image_text_types())
+def test_each_type_keeps_its_outcome(model_type: str) -> None:
+    torch.set_num_threads(1)
+    committed = RECORD[model_type]
+    now = outcome(model_type)
+    assert now["status"] == committed["status"], now.get("reason")
+    if now["status"] == SERVED:
+        assert now["tested"] == committed["tested"]
+        assert now["adapter"] == committed["adapter"]
+    elif now["status"] == REFUSED:
+        assert now["reason"] == committed["reason"]
+    else:
+        assert now["status"] == NOT_BUILT
