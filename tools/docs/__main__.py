@@ -1,4 +1,4 @@
-"""``python -m tools.docs {limits,families,bench,exits,all} [--write | --check]``.
+"""``python -m tools.docs {limits,families,bench,exits,matrix,all} [--write | --check]``.
 
 limits    docs/api.md "Limits and errors" (the settings and the error table)
 families  docs/models.md family table (the adapter registry)
