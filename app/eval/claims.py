@@ -32,10 +32,18 @@ def _acc(run: dict[str, Any], method: str) -> str:
     return f"{m['acc']:.1f} [{m['acc_ci'][0]:.1f}, {m['acc_ci'][1]:.1f}]"
 
 
+def _pooled_diff(p: dict[str, Any], k: int) -> str:
+    """pooled Δ [CI]; seeds whose own CI excludes 0 (e.g. a versus entry of seeds.json)."""
+    if p["ci"][0] == p["ci"][1] == p["diff"]:
+        return f"{p['diff']:+.1f} (same on every item); {p['seeds_ci_excludes_0']}/{k}"
+    return (
+        f"{p['diff']:+.1f} [{p['ci'][0]:+.1f}, {p['ci'][1]:+.1f}]; {p['seeds_ci_excludes_0']}/{k}"
+    )
+
+
 def _diff(run: dict[str, Any], pair: str, seeds: int) -> str:
-    p = run["pooled"]["paired"][pair]
     excludes = run["paired"][pair]["seeds_ci_excludes_0"]
-    return f"{p['diff']:+.1f} [{p['ci'][0]:+.1f}, {p['ci'][1]:+.1f}]; {excludes}/{seeds}"
+    return _pooled_diff({**run["pooled"]["paired"][pair], "seeds_ci_excludes_0": excludes}, seeds)
 
 
 def _setting(run: dict[str, Any]) -> str:
@@ -89,10 +97,71 @@ def simulated_sentence(folder: Path = SIMULATED) -> str:
     return "\n".join(parts)
 
 
+ABLATIONS = (
+    ("ablation_no_prior", "no prior (P = 1)", "--no-prior"),
+    ("ablation_zero_bias", "B = 0", "--zero-bias"),
+    ("ablation_all_layers", "all layers (L* = Λ)", "--all-layers"),
+    ("ablation_tau1", "τ = 1 (instead of 5)", "--tau 1"),
+)
+"""(folder under docs/results/simulated, what it changes, its flag)."""
+ABLATION_METHODS = ("vanilla", "attn_raw", "attn_pure", "agd")
+ABLATION_PAIRS = ("agd-attn_pure", "agd-vanilla")
+
+
+def _adversarial(doc: dict[str, Any], key: str = "runs") -> dict[str, Any]:
+    return next(r for r in doc[key] if r["setting"] == "adversarial" and r["n"] == 4)
+
+
+def _ablation_row(label: str, flag: str, run: dict[str, Any], k: int, vs: dict) -> str:
+    have = run["pooled"]["methods"]
+    cells = [_acc(run, m) if m in have else "–" for m in ABLATION_METHODS]
+    cells += [_diff(run, p, k) if p in run["paired"] else "–" for p in ABLATION_PAIRS]
+    cells += [_pooled_diff(vs[m], k) if m in vs else "–" for m in ("attn_pure", "agd")]
+    return f"| {label} | {flag} | " + " | ".join(cells) + " |"
+
+
+def ablation_block(folder: Path = SIMULATED) -> str:
+    """The ablation table of docs/results/simulated/README.md and one sentence on what each
+    flag costs agd against the full method, on the same items and orderings."""
+    full = _load(folder)
+    k = len(full["item_seeds"])
+    rows = [_ablation_row("(none: the full method)", "(none)", _adversarial(full), k, {})]
+    costs = []
+    for name, label, flag in ABLATIONS:
+        doc = _load(folder / name)
+        if doc["item_seeds"] != full["item_seeds"] or doc["versus"]["folder"] != "..":
+            raise ValueError(f"{name}: not paired with the full run's item seeds")
+        vs = _adversarial(doc["versus"])["paired"]
+        rows.append(f"{_ablation_row(label, f'`{flag}`', _adversarial(doc), k, vs)}")
+        agd, noise = vs["agd"], "includes" if vs["agd"]["inside_noise"] else "excludes"
+        costs.append(
+            f"{label} {agd['diff']:+.1f} (pooled CI {noise} 0; the CI of "
+            f"{agd['seeds_ci_excludes_0']} of {k} seeds excludes 0)"
+        )
+    head = "| ablation | flag | " + " | ".join(ABLATION_METHODS)
+    head += " | agd − attn_pure | agd − vanilla | attn_pure − full | agd − full |"
+    return "\n".join(
+        [
+            f"Item seeds {', '.join(map(str, full['item_seeds']))} (the main run's), "
+            f"{_adversarial(full)['items']} items each, Adversarial N = 4. Accuracy % pooled "
+            "[95 % item-bootstrap CI]; differences in points, pooled [paired CI]; then on how "
+            f"many of the {k} seeds the seed's own paired CI excludes 0. The last two columns "
+            "pair the ablated method with the same method of the full run, item for item:",
+            "",
+            head,
+            "|:--|:--|" + "--:|" * (len(ABLATION_METHODS) + 4),
+            *rows,
+            "",
+            "Against the full method, agd: " + "; ".join(costs) + ".",
+        ]
+    )
+
+
 BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
     "demo": (ROOT / "docs" / "evaluation.md", demo_block),
     "simulated": (ROOT / "docs" / "evaluation.md", simulated_sentence),
     "simulated-readme": (SIMULATED / "README.md", simulated_sentence),
+    "ablations": (SIMULATED / "README.md", ablation_block),
 }
 """marker name -> (page, generator)."""
 
