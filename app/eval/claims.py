@@ -1,6 +1,8 @@
 """The numbers the docs state about the demo model and the simulation, generated from the
 results files (``seeds.json`` of a multi-seed run, its pooled block: every seed's items
-together with one item-bootstrap 95% CI, and how many seeds' own paired CI excludes 0).
+together with one item-bootstrap 95% CI, and how many seeds' own paired CI excludes 0; the
+ablations paired item for item with the full run; the online streams' ``stream.json``,
+single runs, which their block says).
 
     python -m app.eval.claims          # rewrite the blocks between the markers
     python -m app.eval.claims --check  # exit 1 if a block differs from its results file
@@ -157,11 +159,51 @@ def ablation_block(folder: Path = SIMULATED) -> str:
     )
 
 
+ONLINE = ROOT / "docs" / "results" / "online"
+STREAMS = (("", "N = 4, feedback 30 %"), ("n8", "`-n 8`"), ("rate10", "`--feedback-rate 0.1`"))
+"""(folder under docs/results/online, what it changes)."""
+
+
+def online_block(folder: Path = ONLINE) -> str:
+    """The online-calibration table of docs/results/README.md, from each stream.json. One
+    stream per row (one ordering and feedback seed): a single run, said so in the block."""
+    rows, above = [], 0
+    for name, change in STREAMS:
+        doc = json.loads((folder / name / "stream.json").read_text())
+        s, acc = doc["summary"], doc["summary"]["acc"]
+        above += s["recovered_share_ci"][0] > 0.5
+        rows.append(
+            f"| `online/{name + '/' if name else ''}` | {change} | {acc['vanilla']:.1f} | "
+            f"{acc['drifted']:.1f} | {acc['online']:.1f} | {acc['right']:.1f} | "
+            f"{s['gap_points']:+.1f} [{s['gap_ci'][0]:.1f}, {s['gap_ci'][1]:.1f}] | "
+            f"{s['recovered_share']:.2f} [{s['recovered_share_ci'][0]:.2f}, "
+            f"{s['recovered_share_ci'][1]:.2f}] |"
+        )
+    return "\n".join(
+        [
+            f"Accuracy % over the last {s['tail_requests']} requests of each stream (vanilla; "
+            "agd with the drifted profile, with it refreshed online, with a profile calibrated "
+            "on the right prompt); gap = right − drifted in points and the share of it the "
+            "online profile recovered, with request-bootstrap 95 % CIs. **One stream each** "
+            "(one seed of orderings and feedback): single runs, not pooled over seeds.",
+            "",
+            "| folder | change | vanilla | drifted | online | right | gap (points) "
+            "| recovered share [95% CI] |",
+            "|:--|:--|--:|--:|--:|--:|--:|--:|",
+            *rows,
+            "",
+            f"The lower end of the recovered share's CI is above one half in {above} of "
+            f"{len(STREAMS)} streams.",
+        ]
+    )
+
+
 BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
     "demo": (ROOT / "docs" / "evaluation.md", demo_block),
     "simulated": (ROOT / "docs" / "evaluation.md", simulated_sentence),
     "simulated-readme": (SIMULATED / "README.md", simulated_sentence),
     "ablations": (SIMULATED / "README.md", ablation_block),
+    "online": (ROOT / "docs" / "results" / "README.md", online_block),
 }
 """marker name -> (page, generator)."""
 
