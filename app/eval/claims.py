@@ -63,6 +63,9 @@ def demo_block(folders: tuple[Path, ...] = (DEMO, DEMO / "n8")) -> str:
             cells += [_diff(run, p, len(doc["item_seeds"])) for p in DEMO_PAIRS]
             rows.append(f"| {_setting(run)} | " + " | ".join(cells) + " |")
     per = docs[0]["runs"][0]
+    runs = [run for doc in docs for run in doc["runs"]]
+    inside = sum(run["pooled"]["paired"]["agd-attn_pure"]["inside_noise"] for run in runs)
+    excluded = sum(run["paired"]["agd-attn_pure"]["seeds_ci_excludes_0"] for run in runs)
     head = "| setting | " + " | ".join(METHODS) + " | agd − vanilla | agd − attn_pure |"
     return "\n".join(
         [
@@ -76,6 +79,10 @@ def demo_block(folders: tuple[Path, ...] = (DEMO, DEMO / "n8")) -> str:
             head,
             "|:--|" + "--:|" * (len(METHODS) + 2),
             *rows,
+            "",
+            f"agd − attn_pure: the pooled CI includes 0 in {inside} of {len(runs)} settings, "
+            f"and a seed's own CI excludes 0 in {excluded} of {len(runs) * len(seeds)} "
+            "(setting, seed) pairs.",
         ]
     )
 
