@@ -40,6 +40,7 @@ class BooleanFlag(argparse.Action):
         ]
         kwargs.setdefault("metavar", "true|false")
         super().__init__([*option_strings, *negated], dest, nargs="?", type=parse_bool, **kwargs)
+        self.negated = frozenset(negated)  # not the option's own spelling, e.g. --no-prior
 
     def __call__(
         self,
@@ -48,7 +49,7 @@ class BooleanFlag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        if option_string is not None and option_string.startswith("--no-"):
+        if option_string in self.negated:
             if values is not None:
                 parser.error(f"{option_string} takes no value")
             values = False

@@ -1,6 +1,8 @@
 """The numbers the docs state about the demo model and the simulation, generated from the
 results files (``seeds.json`` of a multi-seed run, its pooled block: every seed's items
-together with one item-bootstrap 95% CI, and how many seeds' own paired CI excludes 0).
+together with one item-bootstrap 95% CI, and how many seeds' own paired CI excludes 0; the
+ablations paired item for item with the full run; the online streams' ``stream.json``,
+single runs, which their block says).
 
     python -m app.eval.claims          # rewrite the blocks between the markers
     python -m app.eval.claims --check  # exit 1 if a block differs from its results file
@@ -32,10 +34,18 @@ def _acc(run: dict[str, Any], method: str) -> str:
     return f"{m['acc']:.1f} [{m['acc_ci'][0]:.1f}, {m['acc_ci'][1]:.1f}]"
 
 
+def _pooled_diff(p: dict[str, Any], k: int) -> str:
+    """pooled Δ [CI]; seeds whose own CI excludes 0 (e.g. a versus entry of seeds.json)."""
+    if p["ci"][0] == p["ci"][1] == p["diff"]:
+        return f"{p['diff']:+.1f} (same on every item); {p['seeds_ci_excludes_0']}/{k}"
+    return (
+        f"{p['diff']:+.1f} [{p['ci'][0]:+.1f}, {p['ci'][1]:+.1f}]; {p['seeds_ci_excludes_0']}/{k}"
+    )
+
+
 def _diff(run: dict[str, Any], pair: str, seeds: int) -> str:
-    p = run["pooled"]["paired"][pair]
     excludes = run["paired"][pair]["seeds_ci_excludes_0"]
-    return f"{p['diff']:+.1f} [{p['ci'][0]:+.1f}, {p['ci'][1]:+.1f}]; {excludes}/{seeds}"
+    return _pooled_diff({**run["pooled"]["paired"][pair], "seeds_ci_excludes_0": excludes}, seeds)
 
 
 def _setting(run: dict[str, Any]) -> str:
@@ -53,6 +63,9 @@ def demo_block(folders: tuple[Path, ...] = (DEMO, DEMO / "n8")) -> str:
             cells += [_diff(run, p, len(doc["item_seeds"])) for p in DEMO_PAIRS]
             rows.append(f"| {_setting(run)} | " + " | ".join(cells) + " |")
     per = docs[0]["runs"][0]
+    runs = [run for doc in docs for run in doc["runs"]]
+    inside = sum(run["pooled"]["paired"]["agd-attn_pure"]["inside_noise"] for run in runs)
+    excluded = sum(run["paired"]["agd-attn_pure"]["seeds_ci_excludes_0"] for run in runs)
     head = "| setting | " + " | ".join(METHODS) + " | agd − vanilla | agd − attn_pure |"
     return "\n".join(
         [
@@ -66,6 +79,10 @@ def demo_block(folders: tuple[Path, ...] = (DEMO, DEMO / "n8")) -> str:
             head,
             "|:--|" + "--:|" * (len(METHODS) + 2),
             *rows,
+            "",
+            f"agd − attn_pure: the pooled CI includes 0 in {inside} of {len(runs)} settings, "
+            f"and a seed's own CI excludes 0 in {excluded} of {len(runs) * len(seeds)} "
+            "(setting, seed) pairs.",
         ]
     )
 
@@ -89,10 +106,111 @@ def simulated_sentence(folder: Path = SIMULATED) -> str:
     return "\n".join(parts)
 
 
+ABLATIONS = (
+    ("ablation_no_prior", "no prior (P = 1)", "--no-prior"),
+    ("ablation_zero_bias", "B = 0", "--zero-bias"),
+    ("ablation_all_layers", "all layers (L* = Λ)", "--all-layers"),
+    ("ablation_tau1", "τ = 1 (instead of 5)", "--tau 1"),
+)
+"""(folder under docs/results/simulated, what it changes, its flag)."""
+ABLATION_METHODS = ("vanilla", "attn_raw", "attn_pure", "agd")
+ABLATION_PAIRS = ("agd-attn_pure", "agd-vanilla")
+
+
+def _adversarial(doc: dict[str, Any], key: str = "runs") -> dict[str, Any]:
+    return next(r for r in doc[key] if r["setting"] == "adversarial" and r["n"] == 4)
+
+
+def _ablation_row(label: str, flag: str, run: dict[str, Any], k: int, vs: dict) -> str:
+    have = run["pooled"]["methods"]
+    cells = [_acc(run, m) if m in have else "–" for m in ABLATION_METHODS]
+    cells += [_diff(run, p, k) if p in run["paired"] else "–" for p in ABLATION_PAIRS]
+    cells += [_pooled_diff(vs[m], k) if m in vs else "–" for m in ("attn_pure", "agd")]
+    return f"| {label} | {flag} | " + " | ".join(cells) + " |"
+
+
+def ablation_block(folder: Path = SIMULATED) -> str:
+    """The ablation table of docs/results/simulated/README.md and one sentence on what each
+    flag costs agd against the full method, on the same items and orderings."""
+    full = _load(folder)
+    k = len(full["item_seeds"])
+    rows = [_ablation_row("(none: the full method)", "(none)", _adversarial(full), k, {})]
+    costs = []
+    for name, label, flag in ABLATIONS:
+        doc = _load(folder / name)
+        if doc["item_seeds"] != full["item_seeds"] or doc["versus"]["folder"] != "..":
+            raise ValueError(f"{name}: not paired with the full run's item seeds")
+        vs = _adversarial(doc["versus"])["paired"]
+        rows.append(f"{_ablation_row(label, f'`{flag}`', _adversarial(doc), k, vs)}")
+        agd, noise = vs["agd"], "includes" if vs["agd"]["inside_noise"] else "excludes"
+        costs.append(
+            f"{label} {agd['diff']:+.1f} (pooled CI {noise} 0; the CI of "
+            f"{agd['seeds_ci_excludes_0']} of {k} seeds excludes 0)"
+        )
+    head = "| ablation | flag | " + " | ".join(ABLATION_METHODS)
+    head += " | agd − attn_pure | agd − vanilla | attn_pure − full | agd − full |"
+    return "\n".join(
+        [
+            f"Item seeds {', '.join(map(str, full['item_seeds']))} (the main run's), "
+            f"{_adversarial(full)['items']} items each, Adversarial N = 4. Accuracy % pooled "
+            "[95 % item-bootstrap CI]; differences in points, pooled [paired CI]; then on how "
+            f"many of the {k} seeds the seed's own paired CI excludes 0. The last two columns "
+            "pair the ablated method with the same method of the full run, item for item:",
+            "",
+            head,
+            "|:--|:--|" + "--:|" * (len(ABLATION_METHODS) + 4),
+            *rows,
+            "",
+            "Against the full method, agd: " + "; ".join(costs) + ".",
+        ]
+    )
+
+
+ONLINE = ROOT / "docs" / "results" / "online"
+STREAMS = (("", "N = 4, feedback 30 %"), ("n8", "`-n 8`"), ("rate10", "`--feedback-rate 0.1`"))
+"""(folder under docs/results/online, what it changes)."""
+
+
+def online_block(folder: Path = ONLINE) -> str:
+    """The online-calibration table of docs/results/README.md, from each stream.json. One
+    stream per row (one ordering and feedback seed): a single run, said so in the block."""
+    rows, above = [], 0
+    for name, change in STREAMS:
+        doc = json.loads((folder / name / "stream.json").read_text())
+        s, acc = doc["summary"], doc["summary"]["acc"]
+        above += s["recovered_share_ci"][0] > 0.5
+        rows.append(
+            f"| `online/{name + '/' if name else ''}` | {change} | {acc['vanilla']:.1f} | "
+            f"{acc['drifted']:.1f} | {acc['online']:.1f} | {acc['right']:.1f} | "
+            f"{s['gap_points']:+.1f} [{s['gap_ci'][0]:.1f}, {s['gap_ci'][1]:.1f}] | "
+            f"{s['recovered_share']:.2f} [{s['recovered_share_ci'][0]:.2f}, "
+            f"{s['recovered_share_ci'][1]:.2f}] |"
+        )
+    return "\n".join(
+        [
+            f"Accuracy % over the last {s['tail_requests']} requests of each stream (vanilla; "
+            "agd with the drifted profile, with it refreshed online, with a profile calibrated "
+            "on the right prompt); gap = right − drifted in points and the share of it the "
+            "online profile recovered, with request-bootstrap 95 % CIs. **One stream each** "
+            "(one seed of orderings and feedback): single runs, not pooled over seeds.",
+            "",
+            "| folder | change | vanilla | drifted | online | right | gap (points) "
+            "| recovered share [95% CI] |",
+            "|:--|:--|--:|--:|--:|--:|--:|--:|",
+            *rows,
+            "",
+            f"The lower end of the recovered share's CI is above one half in {above} of "
+            f"{len(STREAMS)} streams.",
+        ]
+    )
+
+
 BLOCKS: dict[str, tuple[Path, Callable[[], str]]] = {
     "demo": (ROOT / "docs" / "evaluation.md", demo_block),
     "simulated": (ROOT / "docs" / "evaluation.md", simulated_sentence),
     "simulated-readme": (SIMULATED / "README.md", simulated_sentence),
+    "ablations": (SIMULATED / "README.md", ablation_block),
+    "online": (ROOT / "docs" / "results" / "README.md", online_block),
 }
 """marker name -> (page, generator)."""
 

@@ -7,13 +7,15 @@ One seed's bootstrap CI says how well *these* items pin a number down; it does n
 much the number moves on another draw of items (docs/results/demo_seeds/seeds.md shows a
 gain whose per-seed CIs disagree). The pooled figure is the one the docs state. Each
 seed's full run lands in ``seed_<s>/``; ``seeds.json`` and ``seeds.md`` hold the summary,
-recomputable from the folder with ``python -m app.eval.seeds DIR``.
+recomputable from the folder with ``python -m app.eval.seeds DIR``; ``--versus FULL`` adds
+each method paired with the same method of a run on the same item seeds (an ablation
+against the full method, item for item).
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from app.eval import stats
 from app.eval.report import DEGENERATE, SIMULATION_BANNER, table
 
 POOLED = ("vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg")
@@ -111,6 +114,90 @@ def attach_pooled(summary: dict[str, Any], folders: dict[int, Path], config: Any
         run["pooled"] = pool
 
 
+def _paired_runs(
+    mine: list[dict[str, Any]], full: list[dict[str, Any]], samples: int, seed: int
+) -> dict[tuple[int, str], dict[str, dict[str, Any]]]:
+    """Per (n, setting) of ``mine``, each method also in ``full``: mine − full, paired on the
+    same (item, ordering) instances (ValueError: not the same items)."""
+    from app.eval.metrics import paired_metrics
+    from app.eval.records import Group
+
+    out: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
+    for n, setting in dict.fromkeys((int(r["n"]), r["setting"]) for r in mine):
+        ours = [r for r in mine if int(r["n"]) == n and r["setting"] == setting]
+        theirs = [r for r in full if int(r["n"]) == n and r["setting"] == setting]
+        both = [
+            m
+            for m in dict.fromkeys(r["method"] for r in ours)
+            if m in {r["method"] for r in theirs}
+        ]
+        group = Group(
+            n,
+            setting,
+            [r for r in ours if r["method"] in both]
+            + [{**r, "method": f"{r['method']}@full"} for r in theirs if r["method"] in both],
+        )
+        indices = stats.bootstrap_indices(len(group.items), samples, seed)
+        out[(n, setting)] = {}
+        for m in both:
+            if not np.array_equal(group.by_method[m]["gt"], group.by_method[f"{m}@full"]["gt"]):
+                raise ValueError(f"N={n} {setting}: the two runs' items differ (other seeds?)")
+            out[(n, setting)][m] = paired_metrics(
+                group.by_method[m], group.by_method[f"{m}@full"], indices
+            )
+    return out
+
+
+def versus(folders: dict[int, Path], full: Path, samples: int, seed: int) -> list[dict[str, Any]]:
+    """Each run's methods against the same method in the run at ``full`` (e.g. an ablation
+    against the full method) on the same items: the paired difference pooled over every
+    seed's items, each seed's own, and how many seeds' own CI excludes 0."""
+    from app.eval.records import read_records
+
+    def records(folder: Path, prefix: str) -> list[dict[str, Any]]:
+        return [
+            {**r, "item": f"{prefix}{r['item']}"}
+            for r in read_records(folder / "predictions.jsonl")
+        ]
+
+    missing = [
+        str(full / f.name / "predictions.jsonl")
+        for f in folders.values()
+        if not (full / f.name / "predictions.jsonl").exists()
+    ]
+    if missing:
+        raise ValueError(f"--versus needs the same item seeds' predictions: no {missing[0]}")
+    per_seed = {
+        s: _paired_runs(records(f, ""), records(full / f.name, ""), samples, seed)
+        for s, f in folders.items()
+    }
+    pool = _paired_runs(
+        [r for s, f in folders.items() for r in records(f, f"{s}:")],
+        [r for s, f in folders.items() for r in records(full / f.name, f"{s}:")],
+        samples,
+        seed,
+    )
+    return [
+        {
+            "n": n,
+            "setting": setting,
+            "paired": {
+                m: {
+                    "diff": p["diff"],
+                    "ci": p["ci"],
+                    "inside_noise": p["inside_noise"],
+                    "per_seed": [per_seed[s][(n, setting)][m]["diff"] for s in folders],
+                    "seeds_ci_excludes_0": sum(
+                        not per_seed[s][(n, setting)][m]["inside_noise"] for s in folders
+                    ),
+                }
+                for m, p in methods.items()
+            },
+        }
+        for (n, setting), methods in pool.items()
+    ]
+
+
 def _range(s: dict[str, Any], sign: bool = False) -> str:
     f = "+.1f" if sign else ".1f"
     return f"{s['mean']:{f}} ({s['min']:{f}} to {s['max']:{f}})"
@@ -181,7 +268,26 @@ def render(summary: dict[str, Any], command: str) -> str:
         head = ["a − b", "Δ points pooled [95% CI]", "mean (range) over seeds"]
         head += [f"seed {seeds[0]} paired 95% CI", "seeds whose CI excludes 0"]
         out += [table(head, rows), ""]
+    if "versus" in summary:
+        out += _render_versus(summary["versus"], len(seeds))
     return "\n".join(out)
+
+
+def _render_versus(block: dict[str, Any], k: int) -> list[str]:
+    out = [f"## Against the same method in `{block['folder']}` (same items and orderings)", ""]
+    for run in block["runs"]:
+        rows = [
+            [
+                f"{m} − {m} there",
+                _pooled(p, "diff", "ci", sign=True),
+                ", ".join(f"{d:+.1f}" for d in p["per_seed"]),
+                f"{p['seeds_ci_excludes_0']} of {k}",
+            ]
+            for m, p in run["paired"].items()
+        ]
+        head = ["a − b", "Δ points pooled [95% CI]", "each seed", "seeds whose CI excludes 0"]
+        out += [f"N = {run['n']}, {run['setting']}:", "", table(head, rows), ""]
+    return out
 
 
 def run_seeds(runner: Any, config: Any, seeds: Sequence[int]) -> dict[str, Any]:
@@ -203,9 +309,12 @@ def run_seeds(runner: Any, config: Any, seeds: Sequence[int]) -> dict[str, Any]:
     return summary
 
 
-def resummarise(folder: Path, command: str | None = None) -> dict[str, Any]:
+def resummarise(
+    folder: Path, command: str | None = None, full: Path | None = None
+) -> dict[str, Any]:
     """seeds.json and seeds.md of ``folder`` again from its ``seed_<s>/`` runs (the pooled
-    figures included), e.g. after the runs were moved; ``command``: the one to print."""
+    figures included), e.g. after the runs were moved; ``command``: the one to print;
+    ``full``: a run on the same item seeds to pair every method against (``versus``)."""
     from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 
     folders = {
@@ -222,10 +331,34 @@ def resummarise(folder: Path, command: str | None = None) -> dict[str, Any]:
     attach_pooled(summary, folders, boot)
     command = command or first.get("command", "")
     summary.update(command=command, dataset=first.get("dataset"))
+    if full is not None:
+        rel = os.path.relpath(full, folder)
+        runs = versus(folders, Path(full), boot.bootstrap, boot.bootstrap_seed)
+        summary["versus"] = {"folder": rel, "runs": runs}
     (Path(folder) / "seeds.json").write_text(json.dumps(summary, indent=1) + "\n")
     (Path(folder) / "seeds.md").write_text(render(summary, command))
     return summary
 
 
-if __name__ == "__main__":  # python -m app.eval.seeds DIR ["the command to print"]
-    resummarise(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m app.eval.seeds", description="seeds.json and seeds.md of DIR again"
+    )
+    parser.add_argument("folder", type=Path, metavar="DIR")
+    parser.add_argument("command", nargs="?", help="the command to print in seeds.md")
+    parser.add_argument(
+        "--versus",
+        type=Path,
+        metavar="FULL",
+        help="a run on the same item seeds (its seed_<s>/predictions.jsonl): pair each "
+        "method of DIR against the same method there, e.g. an ablation against the full run",
+    )
+    args = parser.parse_args(argv)
+    resummarise(args.folder, args.command, args.versus)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,6 +4,9 @@ edited by hand is found stale."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from app.eval import claims
@@ -26,3 +29,18 @@ def test_an_edited_block_is_stale_and_rewritten(tmp_path, monkeypatch) -> None:
     assert "| N=4 Adversarial |" in text and "/5 |" in text
     with pytest.raises(ValueError, match="claims:x:start"):
         claims.rewrite("no markers", "x", "body")
+
+
+def test_the_ablation_table_needs_ablations_paired_with_the_full_run(tmp_path) -> None:
+    """Each ablation row pairs with the full run item for item: its seeds.json must carry the
+    versus block on the full run's item seeds, or the table is refused."""
+    for name in ["", *(a for a, _, _ in claims.ABLATIONS)]:
+        (tmp_path / name).mkdir(exist_ok=True)
+        shutil.copy(claims.SIMULATED / name / "seeds.json", tmp_path / name / "seeds.json")
+    text = claims.ablation_block(tmp_path)
+    assert "| `--tau 1` |" in text and text.count("/5") >= 10
+    path = tmp_path / claims.ABLATIONS[0][0] / "seeds.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "item_seeds": [1, 2, 3, 4, 5]}))
+    with pytest.raises(ValueError, match="not paired with the full run"):
+        claims.ablation_block(tmp_path)

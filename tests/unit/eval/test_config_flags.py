@@ -91,6 +91,13 @@ def test_values_convert_to_the_field_type() -> None:
     assert "token" not in c.to_dict() and {"token", "admin_token"} == SECRET_FLAGS
 
 
+def test_a_field_spelled_no_x_is_set_by_its_flag() -> None:
+    """``--no-prior`` is the ``no_prior`` field's own flag, not the negation of a ``prior``."""
+    assert cli.config_from(["--no-prior"]).no_prior is True
+    assert cli.config_from(["--no-prior", "false"]).no_prior is False
+    assert cli.config_from(["--no-sink-guard"]).sink_guard is False
+
+
 def test_choices_come_from_the_field() -> None:
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         cli.config_from(["--dataset", "nope"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from app.eval import cli
 from app.eval.seeds import render, resummarise, summarise
@@ -74,3 +75,29 @@ def test_pooled_figures_over_every_seeds_items(tmp_path) -> None:
     assert "Acc % pooled [95% CI]" in (out / "seeds.md").read_text()
     again = resummarise(out)
     assert again["runs"][0]["pooled"] == pool
+
+
+def test_an_ablation_paired_with_the_full_run_item_for_item(tmp_path) -> None:
+    """``--versus``: each method of an ablation against the same method of the full run on
+    the same items; a method the flag leaves alone differs by exactly 0, the one it changes
+    by the difference of the pooled accuracies, and other item seeds are refused."""
+    common = ["--dataset", "simulated", "-n", "4", "--items", "30", "--methods", "attn_pure"]
+    common += ["agd", "--bootstrap", "200", "--quiet"]
+    full, soft, other = tmp_path / "full", tmp_path / "soft", tmp_path / "other"
+    assert cli.main([*common, "--item-seeds", "21", "22", "--out", str(full)]) == 0
+    argv = [*common, "--item-seeds", "21", "22", "--tau", "1", "--out", str(soft)]
+    assert cli.main(argv) == 0
+    summary = resummarise(soft, full=full)
+    (run,) = summary["versus"]["runs"]
+    assert summary["versus"]["folder"] == "../full"
+    same = run["paired"]["attn_pure"]
+    assert same["diff"] == 0.0 and same["ci"] == [0.0, 0.0] and same["seeds_ci_excludes_0"] == 0
+    agd = run["paired"]["agd"]
+    ours = summary["runs"][0]["pooled"]["methods"]["agd"]["acc"]
+    theirs = json.loads((full / "seeds.json").read_text())["runs"][0]["pooled"]["methods"]
+    assert abs(agd["diff"] - (ours - theirs["agd"]["acc"])) < 1e-9 and len(agd["per_seed"]) == 2
+    assert "agd − agd there" in (soft / "seeds.md").read_text()
+    argv = [*common, "--item-seeds", "23", "24", "--out", str(other)]
+    assert cli.main(argv) == 0
+    with pytest.raises(ValueError, match=r"same item seeds' predictions: no .*seed_23"):
+        resummarise(other, full=full)
