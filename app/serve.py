@@ -34,7 +34,6 @@ from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
-from uvicorn.config import STARTUP_FAILURE
 
 from app.cli_help import BooleanFlag, command_parser
 from app.settings import Settings
@@ -48,6 +47,9 @@ EXIT_MODEL_UNAVAILABLE = 3
 EXIT_PORT_BUSY = 4
 EXIT_CANNOT_BIND = 5
 EXIT_APP_STARTUP_FAILED = 6
+UVICORN_STARTUP_FAILURE = 3
+"""uvicorn's own exit status for a failed lifespan start-up: newer releases raise it from
+``Server.run``; 0.30, our lower bound, returns without starting (``uvicorn.run`` exits)."""
 EXIT_CODES: dict[int, str] = {
     EXIT_STOPPED: "stopped by SIGTERM or SIGINT after the requests in flight finished.",
     EXIT_FAILED: "an unexpected error (the log has its traceback).",
@@ -262,11 +264,13 @@ def serve(app: Any, settings: Settings, sock: socket.socket | None = None, **opt
         with sock:
             server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn's lifespan failure (the store, ...): its log says why
-        return EXIT_APP_STARTUP_FAILED if exc.code == STARTUP_FAILURE else EXIT_FAILED
+        return EXIT_APP_STARTUP_FAILED if exc.code == UVICORN_STARTUP_FAILURE else EXIT_FAILED
     except OSError as exc:  # listen() lost a race for the port to another process
         error = _bind_error(settings.host, settings.port, exc)
         log.error("%s", error)
         return error.exit_code
     if server.signalled is not None:
         log.info("stopped after %s", signal.Signals(server.signalled).name)
+    if not server.started and getattr(getattr(server, "lifespan", None), "should_exit", False):
+        return EXIT_APP_STARTUP_FAILED  # uvicorn 0.30: a failed lifespan returns, no exit
     return EXIT_STOPPED if server.started else EXIT_FAILED
