@@ -139,9 +139,11 @@ class GenericAdapter(HFAdapter):
         """The saved processor; where ``AutoProcessor`` cannot build it (its video processor
         needs torchvision), the class the checkpoint names (``processor_class``) built from
         the saved parts, with a stand-in video processor (no video is ever sent)."""
-        from transformers import AutoImageProcessor, AutoTokenizer
+        from transformers import AutoTokenizer
         from transformers.processing_utils import ProcessorMixin
         from transformers.video_processing_utils import BaseVideoProcessor
+
+        from app.models.torchvision_stand_in import load_image_processor
 
         try:
             return super().load_processor(path, revision, trust_remote_code)
@@ -151,7 +153,7 @@ class GenericAdapter(HFAdapter):
         options = {"revision": revision, "trust_remote_code": trust_remote_code}
         parts: dict[str, Any] = {
             "tokenizer": AutoTokenizer.from_pretrained(path, **options),
-            "image_processor": AutoImageProcessor.from_pretrained(path, **options),
+            "image_processor": load_image_processor(path, **options),
         }
         attributes = processor_cls.get_attributes()
         if "video_processor" in attributes:

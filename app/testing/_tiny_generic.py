@@ -32,6 +32,7 @@ from transformers.video_processing_utils import BaseVideoProcessor
 
 from app.models.generic import processor_class_named, refusal, with_stand_in_video
 from app.models.registry import supported_model_types
+from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -319,9 +320,13 @@ def _image_processor(model_type: str, processor_cls: type) -> Any:
     if not name and names.get("torchvision"):
         candidate = f"{names['torchvision']}Pil"  # transformers' naming of the PIL twin
         name = candidate if hasattr(transformers, candidate) else None
-    if not name:
-        raise TinyBuildError(f"{model_type}: no image processor that runs without torchvision")
-    image_processor = _importable(name, model_type)()
+    if name:
+        image_processor = _importable(name, model_type)()
+    else:  # torchvision-only: transformers' class on the torch stand-in
+        fast = torchvision_only_class(names.get("torchvision") or "")
+        if fast is None:
+            raise TinyBuildError(f"{model_type}: transformers names no image processor for it")
+        image_processor = fast()
     for key, value in _SPLITTING_OFF.items():
         if hasattr(image_processor, key):
             setattr(image_processor, key, value)
