@@ -82,6 +82,12 @@ def refusal(config: Any) -> str | None:
             "no image tokens in the sequence: the config names no image_token_id / "
             "image_token_index"
         )
+    kinds = layer_kinds(text) if hasattr(text, "num_hidden_layers") else None
+    if kinds is not None and not full_attention_layers(text):
+        return (
+            "no layer attends over the whole prompt with softmax attention (layer_types: "
+            f"{', '.join(sorted(set(kinds)))}), so Λ would be empty"
+        )
     return None
 
 

@@ -49,7 +49,7 @@ CONTEXT = 8192
 _WIDTHS = re.compile(
     r"^(hidden_size|d_model|embed_dim|n_embd|width|hidden_dim|dim|projection_dim"
     r"|out_hidden_size|projector_hidden_size|text_hidden_size|vision_hidden_size"
-    r"|proj_dim|mm_hidden_size|output_dim)$"
+    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim)$"
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
@@ -202,6 +202,7 @@ def shrink(config: PretrainedConfig) -> None:
         is_text = sub is text or (text is None and sub is config)
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
         old_depth = None
+        heads, kv_heads = _first(sub, _HEAD_COUNTS), _first(sub, _KV_COUNTS)
         for key, value in list(vars(sub).items()):
             if isinstance(value, bool) or key.startswith("_"):
                 continue
@@ -215,8 +216,8 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, depth)
                 elif _HEAD_COUNTS.match(key):
                     setattr(sub, key, HEADS)
-                elif _KV_COUNTS.match(key):
-                    setattr(sub, key, KV_HEADS)
+                elif _KV_COUNTS.match(key):  # multi-head attention stays multi-head
+                    setattr(sub, key, HEADS if value == heads else KV_HEADS)
                 elif _EXPERT_COUNTS.match(key):
                     setattr(sub, key, EXPERTS)
                 elif _EXPERT_TOPK.match(key):
@@ -227,13 +228,45 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, 1)
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
-        _heads_for_head_dim(sub, width)
+        _heads_for_head_dim(sub, width, keep_mha=heads is not None and heads == kv_heads)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
-            _cut_layer_lists(sub, new_depth)
+            _cut_layer_lists(sub, new_depth, old_depth)
+        _pick_feature_layers(sub)
 
 
-def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
+def _first(config: PretrainedConfig, pattern: re.Pattern[str]) -> int | None:
+    """The first int field of ``config`` whose name matches ``pattern``."""
+    for key, value in vars(config).items():
+        if pattern.match(key) and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+_FEATURE_LAYERS = re.compile(r"feature_layers?$")
+
+
+def _pick_feature_layers(config: PretrainedConfig) -> None:
+    """Vision layers a projector reads (``vision_feature_layer``: 24 or [24, 18]) moved
+    inside the shrunk tower, distinct and in the same order of depth (deepest stays last
+    layer, the next the one before ...)."""
+    for key, value in list(vars(config).items()):
+        if not _FEATURE_LAYERS.search(key) or isinstance(value, bool):
+            continue
+        values = [value] if isinstance(value, int) else value
+        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+            continue
+        if all(-VISION_LAYERS <= v < VISION_LAYERS for v in values):
+            continue
+        rank = {v: i for i, v in enumerate(sorted({v for v in values if v >= 0}, reverse=True))}
+        picked = [
+            max(v, -VISION_LAYERS) if v < 0 else max(VISION_LAYERS - 1 - rank[v], 0)
+            for v in values
+        ]
+        setattr(config, key, picked[0] if isinstance(value, int) else picked)
+
+
+def _heads_for_head_dim(config: PretrainedConfig, width: int, keep_mha: bool = False) -> None:
     """A tower whose head dimension is a field of its own keeps heads x head_dim = width."""
     head_dim = vars(config).get("head_dim")
     if not isinstance(head_dim, int) or head_dim <= 0 or width % head_dim:
@@ -243,10 +276,10 @@ def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
         if _HEAD_COUNTS.match(key):
             setattr(config, key, heads)
         elif _KV_COUNTS.match(key) and isinstance(value, int):
-            setattr(config, key, min(KV_HEADS, heads))
+            setattr(config, key, heads if keep_mha else min(KV_HEADS, heads))
 
 
-def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
+def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None = None) -> None:
     """Per-layer settings cut to ``depth`` (lists per layer, dicts keyed by layer index) and
     lists of layer indices kept inside it. Layer i keeps layer i's settings, but for the
     last, which takes the first full-attention layer's where a hybrid decoder's first
@@ -261,7 +294,9 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
     for key, value in list(vars(config).items()):
         if key == "layer_types" or not value:
             continue
-        if isinstance(value, dict) and all(str(k).isdigit() for k in value):
+        if isinstance(value, list) and old_depth and len(value) == old_depth > depth:
+            setattr(config, key, [value[i] for i in sources])  # one entry per layer
+        elif isinstance(value, dict) and all(str(k).isdigit() for k in value):
             picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
             setattr(config, key, {i: v for i, v in picked.items() if v is not None})
         elif isinstance(value, list) and all(
