@@ -28,9 +28,13 @@ from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_M
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-from transformers.video_processing_utils import BaseVideoProcessor
 
-from app.models.generic import processor_class_named, refusal, with_stand_in_video
+from app.models.generic import (
+    processor_class_named,
+    refusal,
+    stand_in_video_processor,
+    with_stand_in_video,
+)
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
@@ -53,7 +57,9 @@ _WIDTHS = re.compile(
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
-_HEAD_COUNTS = re.compile(r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads)$")
+_HEAD_COUNTS = re.compile(
+    r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads|encoder_attention_heads)$"
+)
 _KV_COUNTS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads)$")
 _EXPERT_COUNTS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts)$")
 _EXPERT_TOPK = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|moe_k|num_experts_per_token)$")
@@ -260,8 +266,7 @@ def _pick_feature_layers(config: PretrainedConfig) -> None:
             continue
         rank = {v: i for i, v in enumerate(sorted({v for v in values if v >= 0}, reverse=True))}
         picked = [
-            max(v, -VISION_LAYERS) if v < 0 else max(VISION_LAYERS - 1 - rank[v], 0)
-            for v in values
+            max(v, -VISION_LAYERS) if v < 0 else max(VISION_LAYERS - 1 - rank[v], 0) for v in values
         ]
         setattr(config, key, picked[0] if isinstance(value, int) else picked)
 
@@ -441,7 +446,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     parts: dict[str, Any] = {"image_processor": image_processor}
     if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
         processor_cls = with_stand_in_video(processor_cls)
-        parts["video_processor"] = BaseVideoProcessor()
+        parts["video_processor"] = stand_in_video_processor(image_processor)
     if "feature_extractor" in attributes:
         name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(
             model_type
