@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +112,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
+    _image_token_from_expansion(config, processor)
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
@@ -479,7 +481,11 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
             continue
         except Exception as exc:
             raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
-        absent = _absent_tokens(processor, tokenizer, named) or _asked_on_a_call(processor, named)
+        absent = (
+            _absent_tokens(processor, tokenizer, named)
+            or _asked_on_a_call(processor, named)
+            or _unwritten_tokens(processor, named)
+        )
         if not absent:
             break
         named.update(absent)
@@ -502,6 +508,22 @@ def _asked_on_a_call(processor: Any, named: dict[str, str]) -> dict[str, str]:
         if missing is not None and missing.group(1) not in named:
             return {missing.group(1): _token_text(missing.group(1))}
     return {}
+
+
+_TOKEN_LIKE = re.compile(r"<\|?[A-Za-z_][\w.:/-]*\|?>|\[[A-Z][A-Z_]*\]")
+
+
+def _unwritten_tokens(processor: Any, named: dict[str, str]) -> dict[str, str]:
+    """Special tokens the processor's image expansion writes as literal text (``<IMG_START>``,
+    ``<low_res_im_start>``) that the tokenizer spells byte by byte: a checkpoint's vocabulary
+    has each as one token, so the tiny one gets them too."""
+    tokenizer = processor.tokenizer
+    ids = _probe_ids(processor, getattr(processor, "image_token", None) or "<image>")
+    vocab = tokenizer.get_vocab()
+    found = dict.fromkeys(_TOKEN_LIKE.findall(tokenizer.decode(ids)))
+    taken = set(named.values())
+    fresh = [t for t in found if t not in vocab and t not in taken]
+    return {f"lad_expansion_{len(named) + i}": t for i, t in enumerate(fresh)}
 
 
 def _absent_tokens(processor: Any, tokenizer: Any, named: dict[str, str]) -> dict[str, str]:
@@ -599,6 +621,23 @@ def _chat_template(processor: Any, config: PretrainedConfig) -> str:
         "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
         "{% endfor %}"
     )
+
+
+def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> None:
+    """Where the processor's expansion of an image leaves out the token the config names as
+    the image token (the placeholder ``<image>`` becomes ``<IMG_ATOM>`` x 256), point the
+    config at the token the expansion repeats most: the one the image's features replace."""
+    placeholder = getattr(processor, "image_token", None) or "<image>"
+    ids = _probe_ids(processor, placeholder)
+    plain = set(_probe_ids(processor, ""))  # the tokens a prompt has without an image
+    counted = Counter(i for i in ids if i not in plain)
+    if not counted:
+        return
+    for owner in (config, getattr(config, "text_config", None)):
+        for key in ("image_token_id", "image_token_index"):
+            value = getattr(owner, key, None) if owner is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+                setattr(owner, key, counted.most_common(1)[0][0])
 
 
 def _set_token_ids(config: PretrainedConfig, processor: Any) -> None:
