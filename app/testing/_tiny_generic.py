@@ -132,29 +132,24 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     return model, processor
 
 
-_FEATURES_MISMATCH = re.compile(r"tokens: (\d+), features: (\d+)")
-
-
 def _agree_on_image_tokens(model: Any, processor: Any) -> None:
     """Where the processor writes a different number of image tokens than the tower gives
-    features (``num_additional_image_tokens``, a processor setting a checkpoint saves and
-    a default leaves at 0), set the processor to the tower's count, from one probe image."""
+    features (``num_additional_image_tokens``: a class token the tower keeps, a processor
+    setting a checkpoint saves and a default leaves at 0), the first of 0, 1, 2 with which
+    one probe image runs through the model."""
     if not hasattr(processor, "num_additional_image_tokens"):
         return
     text = getattr(processor, "image_token", None) or "<image>"
-    try:
-        inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
-        with torch.no_grad():
-            model(**{k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
-    except ValueError as exc:
-        match = _FEATURES_MISMATCH.search(str(exc))
-        if match is None:
-            return
-        tokens, numel = int(match.group(1)), int(match.group(2))
-        width = int(model.config.get_text_config().hidden_size)
-        processor.num_additional_image_tokens += numel // width - tokens
-    except Exception:  # other failures are the checks' to report
+    for extra in (processor.num_additional_image_tokens, 0, 1, 2):
+        processor.num_additional_image_tokens = extra
+        try:
+            inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
+            with torch.no_grad():
+                model(**{k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+        except Exception:  # this count does not fit the tower: try the next
+            continue
         return
+    processor.num_additional_image_tokens = 0
 
 
 def _rebuilt(config: PretrainedConfig) -> PretrainedConfig:
@@ -568,7 +563,10 @@ def _tokenizer(processor_cls: type, named: dict[str, str], stems: Sequence[str] 
     texts.extend(_token_text(stem) for stem in stems)
     unique = list(dict.fromkeys(t for t in texts if t and t not in _CHAT_TOKENS))
     attributes = {k: v for k, v in named.items() if not k.startswith("lad_")}
-    return byte_level_tokenizer(unique, attributes)
+    tokenizer = byte_level_tokenizer(unique, attributes)
+    if tokenizer.bos_token is None:  # processors that write it into the prompt (PaliGemma)
+        tokenizer.bos_token = "<|endoftext|>"
+    return tokenizer
 
 
 _CONFIG_DELIMITER = re.compile(r"^(image|vision)_(start|end)_token_(id|index)$")
