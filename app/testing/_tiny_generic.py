@@ -116,6 +116,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
+        for key, value in list(vars(sub).items()):  # per-layer input vocabularies and the like
+            if key.startswith("vocab_size_") and isinstance(value, int) and value > len(tokenizer):
+                setattr(sub, key, len(tokenizer))
     config.tie_word_embeddings = False
     config = _rebuilt(config)
     text = getattr(config, "text_config", None) or config
@@ -431,7 +434,21 @@ def _settings(processor_cls: type, config: PretrainedConfig) -> dict[str, Any]:
             if value is not None and not isinstance(value, PretrainedConfig):
                 settings[param.name] = value
                 break
-    return {k: v for k, v in settings.items() if not _TOKEN_ID.search(k)}
+    return {k: v for k, v in settings.items() if not _TOKEN_ID.search(k) and v is not None}
+
+
+def _image_seq_length(config: PretrainedConfig) -> int | None:
+    """Tokens per image of a fixed-length expansion, as the config counts them
+    (``num_image_tokens``, ``mm_tokens_per_image``) or as the vision tower's patch grid."""
+    for sub in _configs(config):
+        for key in ("num_image_tokens", "mm_tokens_per_image"):
+            if isinstance(getattr(sub, key, None), int):
+                return int(getattr(sub, key))
+    vision = getattr(config, "vision_config", None)
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if isinstance(side, int) and isinstance(patch, int) and patch:
+        return (side // patch) ** 2
+    return None
 
 
 def build_processor(model_type: str, config: PretrainedConfig) -> Any:
@@ -440,6 +457,8 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     attributes = processor_cls.get_attributes()
     image_processor = _image_processor(model_type, processor_cls)
     _sync_image_size(image_processor, config)
+    if getattr(image_processor, "image_seq_length", 0) is None:  # a checkpoint saves it
+        image_processor.image_seq_length = _image_seq_length(config)
     parts: dict[str, Any] = {"image_processor": image_processor}
     if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
         processor_cls = with_stand_in_video(processor_cls)
