@@ -142,7 +142,7 @@ def _agree_on_image_tokens(model: Any, processor: Any) -> None:
     one probe image runs through the model."""
     if not hasattr(processor, "num_additional_image_tokens"):
         return
-    text = getattr(processor, "image_token", None) or "<image>"
+    text = placeholder_of(processor)
     for extra in (processor.num_additional_image_tokens, 0, 1, 2):
         processor.num_additional_image_tokens = extra
         try:
@@ -516,7 +516,7 @@ _ASKED = re.compile(r"tokenizer does not have an? `(\w+?)(_id)?` defined")
 def _asked_on_a_call(processor: Any, named: dict[str, str]) -> dict[str, str]:
     """A tokenizer attribute the processor asks for only when called (one probe call)."""
     try:
-        processor(text=[getattr(processor, "image_token", "") or ""], images=[probe_image()])
+        processor(text=[placeholder_of(processor)], images=[probe_image()])
     except Exception as exc:  # the probe is only to read what the processor asks for
         missing = _ASKED.search(str(exc))
         if missing is not None and missing.group(1) not in named:
@@ -532,7 +532,7 @@ def _unwritten_tokens(processor: Any, named: dict[str, str]) -> dict[str, str]:
     ``<low_res_im_start>``) that the tokenizer spells byte by byte: a checkpoint's vocabulary
     has each as one token, so the tiny one gets them too."""
     tokenizer = processor.tokenizer
-    ids = _probe_ids(processor, getattr(processor, "image_token", None) or "<image>")
+    ids = _probe_ids(processor, placeholder_of(processor))
     vocab = tokenizer.get_vocab()
     found = dict.fromkeys(_TOKEN_LIKE.findall(tokenizer.decode(ids)))
     taken = set(named.values())
@@ -600,6 +600,16 @@ def _probe_ids(processor: Any, text: str) -> list[int]:
     return out["input_ids"][0].tolist()
 
 
+def placeholder_of(processor: Any) -> str:
+    """What a prompt writes for an image: the processor's ``image_placeholder_token`` where
+    it has one (it expands that into its ``image_token``s), else its image token."""
+    for key in ("image_placeholder_token", "image_placeholder", "image_token"):
+        value = getattr(processor, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return "<image>"
+
+
 def probe_image() -> Any:
     from app.testing.tiny_models import random_images
 
@@ -609,7 +619,7 @@ def probe_image() -> Any:
 def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
     """The image delimiters the config names (``vision_start_token_id`` ...) that the
     processor's expansion leaves out: a checkpoint's template writes those itself."""
-    placeholder = getattr(processor, "image_token", None) or "<image>"
+    placeholder = placeholder_of(processor)
     vocab = processor.tokenizer.get_vocab()
     expanded = set(_probe_ids(processor, placeholder))
     found = {"start": "", "end": ""}
@@ -631,7 +641,7 @@ def _chat_template(processor: Any, config: PretrainedConfig) -> str:
     """ChatML turns; each image part written as the processor's image placeholder, between
     the delimiters the config names where the processor does not write them."""
     opening, closing = _delimiters(processor, config)
-    placeholder = opening + (getattr(processor, "image_token", None) or "<image>") + closing
+    placeholder = opening + placeholder_of(processor) + closing
     return chatml_template(
         "{% for content in message['content'] %}"
         f"{{% if content['type'] == 'image' %}}{placeholder}"
@@ -644,7 +654,7 @@ def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> Non
     """Where the processor's expansion of an image leaves out the token the config names as
     the image token (the placeholder ``<image>`` becomes ``<IMG_ATOM>`` x 256), point the
     config at the token the expansion repeats most: the one the image's features replace."""
-    placeholder = getattr(processor, "image_token", None) or "<image>"
+    placeholder = placeholder_of(processor)
     ids = _probe_ids(processor, placeholder)
     plain = set(_probe_ids(processor, ""))  # the tokens a prompt has without an image
     counted = Counter(i for i in ids if i not in plain)
