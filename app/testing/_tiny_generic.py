@@ -53,7 +53,7 @@ CONTEXT = 8192
 
 _WIDTHS = re.compile(
     r"^(hidden_size|d_model|embed_dim|n_embd|width|hidden_dim|dim|projection_dim"
-    r"|out_hidden_size|projector_hidden_size|text_hidden_size|vision_hidden_size"
+    r"|out_hidden_size|projector_hidden_size|projection_hidden_size|text_hidden_size|vision_hidden_size"
     r"|proj_dim|mm_hidden_size|output_dim|codebook_dim)$"
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
@@ -299,7 +299,7 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None
     for key, value in list(vars(config).items()):
         if key == "layer_types" or not value:
             continue
-        if isinstance(value, list) and old_depth and len(value) == old_depth > depth:
+        if isinstance(value, (list, tuple)) and old_depth and len(value) == old_depth > depth:
             setattr(config, key, [value[i] for i in sources])  # one entry per layer
         elif isinstance(value, dict) and all(str(k).isdigit() for k in value):
             picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
