@@ -18,7 +18,7 @@ def test_resize_matches_pil_bilinear_to_a_grey_level() -> None:
     image = _image()
     ours = tv.resize(image, [24, 30], interpolation=tv.InterpolationMode.BILINEAR)
     pil = Image.fromarray(image.permute(1, 2, 0).numpy()).resize((30, 24), Image.BILINEAR)
-    theirs = torch.from_numpy(np.asarray(pil)).permute(2, 0, 1)
+    theirs = torch.from_numpy(np.array(pil)).permute(2, 0, 1)
     assert ours.shape == (3, 24, 30) and ours.dtype == torch.uint8
     assert (ours.float() - theirs.float()).abs().mean() < 2.0
 
