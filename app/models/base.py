@@ -62,12 +62,13 @@ class HFAdapter:
         torchvision for a video processor), rebuild it from its saved parts and the
         saved ``processor_settings``."""
         from transformers import (
-            AutoImageProcessor,
             AutoProcessor,
             AutoTokenizer,
             PreTrainedTokenizerBase,
         )
         from transformers.processing_utils import ProcessorMixin
+
+        from app.models.torchvision_stand_in import load_image_processor
 
         options = {"revision": revision, "trust_remote_code": trust_remote_code}
         try:
@@ -80,7 +81,7 @@ class HFAdapter:
             tokenizer = processor  # (a 150k-token vocabulary takes seconds to read again)
         else:
             tokenizer = AutoTokenizer.from_pretrained(path, **options)
-        image_processor = AutoImageProcessor.from_pretrained(path, **options)
+        image_processor = load_image_processor(path, **options)
         settings: dict[str, Any] = {}
         if cls.processor_settings:
             saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)

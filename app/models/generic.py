@@ -82,6 +82,12 @@ def refusal(config: Any) -> str | None:
             "no image tokens in the sequence: the config names no image_token_id / "
             "image_token_index"
         )
+    kinds = layer_kinds(text) if hasattr(text, "num_hidden_layers") else None
+    if kinds is not None and not full_attention_layers(text):
+        return (
+            "no layer of layer_types is full_attention (it has "
+            f"{', '.join(sorted(set(kinds)))}), so Λ (whole-prompt softmax layers) is empty"
+        )
     return None
 
 
@@ -139,9 +145,10 @@ class GenericAdapter(HFAdapter):
         """The saved processor; where ``AutoProcessor`` cannot build it (its video processor
         needs torchvision), the class the checkpoint names (``processor_class``) built from
         the saved parts, with a stand-in video processor (no video is ever sent)."""
-        from transformers import AutoImageProcessor, AutoTokenizer
+        from transformers import AutoTokenizer
         from transformers.processing_utils import ProcessorMixin
-        from transformers.video_processing_utils import BaseVideoProcessor
+
+        from app.models.torchvision_stand_in import load_image_processor
 
         try:
             return super().load_processor(path, revision, trust_remote_code)
@@ -151,12 +158,12 @@ class GenericAdapter(HFAdapter):
         options = {"revision": revision, "trust_remote_code": trust_remote_code}
         parts: dict[str, Any] = {
             "tokenizer": AutoTokenizer.from_pretrained(path, **options),
-            "image_processor": AutoImageProcessor.from_pretrained(path, **options),
+            "image_processor": load_image_processor(path, **options),
         }
         attributes = processor_cls.get_attributes()
         if "video_processor" in attributes:
             processor_cls = with_stand_in_video(processor_cls)
-            parts["video_processor"] = BaseVideoProcessor()
+            parts["video_processor"] = stand_in_video_processor(parts["image_processor"])
         if "feature_extractor" in attributes:  # an audio front end (omni models)
             from transformers import AutoFeatureExtractor
 
@@ -406,6 +413,19 @@ def with_stand_in_video(processor_cls: type) -> type:
         }
         _STAND_INS[processor_cls] = type(processor_cls.__name__, (processor_cls,), namespace)
     return _STAND_INS[processor_cls]
+
+
+def stand_in_video_processor(image_processor: Any) -> Any:
+    """A plain ``BaseVideoProcessor`` carrying the image processor's settings: a processor
+    that reads its video processor's settings when built (MiniCPM-V's ``slice_mode``)
+    finds the image side's, and no video is ever sent."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    video = BaseVideoProcessor()
+    for key, value in vars(image_processor).items():
+        if not key.startswith("_") and not hasattr(video, key):
+            setattr(video, key, value)
+    return video
 
 
 def _adapter_classes(root: type) -> list[type]:

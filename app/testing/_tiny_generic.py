@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,10 +29,15 @@ from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_M
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-from transformers.video_processing_utils import BaseVideoProcessor
 
-from app.models.generic import processor_class_named, refusal, with_stand_in_video
+from app.models.generic import (
+    processor_class_named,
+    refusal,
+    stand_in_video_processor,
+    with_stand_in_video,
+)
 from app.models.registry import supported_model_types
+from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -47,12 +53,14 @@ CONTEXT = 8192
 
 _WIDTHS = re.compile(
     r"^(hidden_size|d_model|embed_dim|n_embd|width|hidden_dim|dim|projection_dim"
-    r"|out_hidden_size|projector_hidden_size|text_hidden_size|vision_hidden_size"
-    r"|proj_dim|mm_hidden_size|output_dim)$"
+    r"|out_hidden_size|projector_hidden_size|projection_hidden_size|text_hidden_size|vision_hidden_size"
+    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim)$"
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
-_HEAD_COUNTS = re.compile(r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads)$")
+_HEAD_COUNTS = re.compile(
+    r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads|encoder_attention_heads)$"
+)
 _KV_COUNTS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads)$")
 _EXPERT_COUNTS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts)$")
 _EXPERT_TOPK = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|moe_k|num_experts_per_token)$")
@@ -104,9 +112,13 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
+    _image_token_from_expansion(config, processor)
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
+        for key, value in list(vars(sub).items()):  # per-layer input vocabularies and the like
+            if key.startswith("vocab_size_") and isinstance(value, int) and value > len(tokenizer):
+                setattr(sub, key, len(tokenizer))
     config.tie_word_embeddings = False
     config = _rebuilt(config)
     text = getattr(config, "text_config", None) or config
@@ -123,29 +135,24 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     return model, processor
 
 
-_FEATURES_MISMATCH = re.compile(r"tokens: (\d+), features: (\d+)")
-
-
 def _agree_on_image_tokens(model: Any, processor: Any) -> None:
     """Where the processor writes a different number of image tokens than the tower gives
-    features (``num_additional_image_tokens``, a processor setting a checkpoint saves and
-    a default leaves at 0), set the processor to the tower's count, from one probe image."""
+    features (``num_additional_image_tokens``: a class token the tower keeps, a processor
+    setting a checkpoint saves and a default leaves at 0), the first of 0, 1, 2 with which
+    one probe image runs through the model."""
     if not hasattr(processor, "num_additional_image_tokens"):
         return
-    text = getattr(processor, "image_token", None) or "<image>"
-    try:
-        inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
-        with torch.no_grad():
-            model(**{k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
-    except ValueError as exc:
-        match = _FEATURES_MISMATCH.search(str(exc))
-        if match is None:
-            return
-        tokens, numel = int(match.group(1)), int(match.group(2))
-        width = int(model.config.get_text_config().hidden_size)
-        processor.num_additional_image_tokens += numel // width - tokens
-    except Exception:  # other failures are the checks' to report
+    text = placeholder_of(processor)
+    for extra in (processor.num_additional_image_tokens, 0, 1, 2):
+        processor.num_additional_image_tokens = extra
+        try:
+            inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
+            with torch.no_grad():
+                model(**{k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+        except Exception:  # this count does not fit the tower: try the next
+            continue
         return
+    processor.num_additional_image_tokens = 0
 
 
 def _rebuilt(config: PretrainedConfig) -> PretrainedConfig:
@@ -201,6 +208,7 @@ def shrink(config: PretrainedConfig) -> None:
         is_text = sub is text or (text is None and sub is config)
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
         old_depth = None
+        heads, kv_heads = _first(sub, _HEAD_COUNTS), _first(sub, _KV_COUNTS)
         for key, value in list(vars(sub).items()):
             if isinstance(value, bool) or key.startswith("_"):
                 continue
@@ -214,8 +222,8 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, depth)
                 elif _HEAD_COUNTS.match(key):
                     setattr(sub, key, HEADS)
-                elif _KV_COUNTS.match(key):
-                    setattr(sub, key, KV_HEADS)
+                elif _KV_COUNTS.match(key):  # multi-head attention stays multi-head
+                    setattr(sub, key, HEADS if value == heads else KV_HEADS)
                 elif _EXPERT_COUNTS.match(key):
                     setattr(sub, key, EXPERTS)
                 elif _EXPERT_TOPK.match(key):
@@ -226,13 +234,44 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, 1)
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
-        _heads_for_head_dim(sub, width)
+        _heads_for_head_dim(sub, width, keep_mha=heads is not None and heads == kv_heads)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
-            _cut_layer_lists(sub, new_depth)
+            _cut_layer_lists(sub, new_depth, old_depth)
+        _pick_feature_layers(sub)
 
 
-def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
+def _first(config: PretrainedConfig, pattern: re.Pattern[str]) -> int | None:
+    """The first int field of ``config`` whose name matches ``pattern``."""
+    for key, value in vars(config).items():
+        if pattern.match(key) and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+_FEATURE_LAYERS = re.compile(r"feature_layers?$")
+
+
+def _pick_feature_layers(config: PretrainedConfig) -> None:
+    """Vision layers a projector reads (``vision_feature_layer``: 24 or [24, 18]) moved
+    inside the shrunk tower, distinct and in the same order of depth (deepest stays last
+    layer, the next the one before ...)."""
+    for key, value in list(vars(config).items()):
+        if not _FEATURE_LAYERS.search(key) or isinstance(value, bool):
+            continue
+        values = [value] if isinstance(value, int) else value
+        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+            continue
+        if all(-VISION_LAYERS <= v < VISION_LAYERS for v in values):
+            continue
+        rank = {v: i for i, v in enumerate(sorted({v for v in values if v >= 0}, reverse=True))}
+        picked = [
+            max(v, -VISION_LAYERS) if v < 0 else max(VISION_LAYERS - 1 - rank[v], 0) for v in values
+        ]
+        setattr(config, key, picked[0] if isinstance(value, int) else picked)
+
+
+def _heads_for_head_dim(config: PretrainedConfig, width: int, keep_mha: bool = False) -> None:
     """A tower whose head dimension is a field of its own keeps heads x head_dim = width."""
     head_dim = vars(config).get("head_dim")
     if not isinstance(head_dim, int) or head_dim <= 0 or width % head_dim:
@@ -242,10 +281,10 @@ def _heads_for_head_dim(config: PretrainedConfig, width: int) -> None:
         if _HEAD_COUNTS.match(key):
             setattr(config, key, heads)
         elif _KV_COUNTS.match(key) and isinstance(value, int):
-            setattr(config, key, min(KV_HEADS, heads))
+            setattr(config, key, heads if keep_mha else min(KV_HEADS, heads))
 
 
-def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
+def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None = None) -> None:
     """Per-layer settings cut to ``depth`` (lists per layer, dicts keyed by layer index) and
     lists of layer indices kept inside it. Layer i keeps layer i's settings, but for the
     last, which takes the first full-attention layer's where a hybrid decoder's first
@@ -260,7 +299,9 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int) -> None:
     for key, value in list(vars(config).items()):
         if key == "layer_types" or not value:
             continue
-        if isinstance(value, dict) and all(str(k).isdigit() for k in value):
+        if isinstance(value, (list, tuple)) and old_depth and len(value) == old_depth > depth:
+            setattr(config, key, [value[i] for i in sources])  # one entry per layer
+        elif isinstance(value, dict) and all(str(k).isdigit() for k in value):
             picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
             setattr(config, key, {i: v for i, v in picked.items() if v is not None})
         elif isinstance(value, list) and all(
@@ -319,9 +360,13 @@ def _image_processor(model_type: str, processor_cls: type) -> Any:
     if not name and names.get("torchvision"):
         candidate = f"{names['torchvision']}Pil"  # transformers' naming of the PIL twin
         name = candidate if hasattr(transformers, candidate) else None
-    if not name:
-        raise TinyBuildError(f"{model_type}: no image processor that runs without torchvision")
-    image_processor = _importable(name, model_type)()
+    if name:
+        image_processor = _importable(name, model_type)()
+    else:  # torchvision-only: transformers' class on the torch stand-in
+        fast = torchvision_only_class(names.get("torchvision") or "")
+        if fast is None:
+            raise TinyBuildError(f"{model_type}: transformers names no image processor for it")
+        image_processor = fast()
     for key, value in _SPLITTING_OFF.items():
         if hasattr(image_processor, key):
             setattr(image_processor, key, value)
@@ -389,7 +434,21 @@ def _settings(processor_cls: type, config: PretrainedConfig) -> dict[str, Any]:
             if value is not None and not isinstance(value, PretrainedConfig):
                 settings[param.name] = value
                 break
-    return {k: v for k, v in settings.items() if not _TOKEN_ID.search(k)}
+    return {k: v for k, v in settings.items() if not _TOKEN_ID.search(k) and v is not None}
+
+
+def _image_seq_length(config: PretrainedConfig) -> int | None:
+    """Tokens per image of a fixed-length expansion, as the config counts them
+    (``num_image_tokens``, ``mm_tokens_per_image``) or as the vision tower's patch grid."""
+    for sub in _configs(config):
+        for key in ("num_image_tokens", "mm_tokens_per_image"):
+            if isinstance(getattr(sub, key, None), int):
+                return int(getattr(sub, key))
+    vision = getattr(config, "vision_config", None)
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if isinstance(side, int) and isinstance(patch, int) and patch:
+        return (side // patch) ** 2
+    return None
 
 
 def build_processor(model_type: str, config: PretrainedConfig) -> Any:
@@ -398,10 +457,12 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     attributes = processor_cls.get_attributes()
     image_processor = _image_processor(model_type, processor_cls)
     _sync_image_size(image_processor, config)
+    if getattr(image_processor, "image_seq_length", 0) is None:  # a checkpoint saves it
+        image_processor.image_seq_length = _image_seq_length(config)
     parts: dict[str, Any] = {"image_processor": image_processor}
     if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
         processor_cls = with_stand_in_video(processor_cls)
-        parts["video_processor"] = BaseVideoProcessor()
+        parts["video_processor"] = stand_in_video_processor(image_processor)
     if "feature_extractor" in attributes:
         name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(
             model_type
@@ -434,7 +495,11 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
             continue
         except Exception as exc:
             raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
-        absent = _absent_tokens(processor, tokenizer, named) or _asked_on_a_call(processor, named)
+        absent = (
+            _absent_tokens(processor, tokenizer, named)
+            or _asked_on_a_call(processor, named)
+            or _unwritten_tokens(processor, named)
+        )
         if not absent:
             break
         named.update(absent)
@@ -451,12 +516,28 @@ _ASKED = re.compile(r"tokenizer does not have an? `(\w+?)(_id)?` defined")
 def _asked_on_a_call(processor: Any, named: dict[str, str]) -> dict[str, str]:
     """A tokenizer attribute the processor asks for only when called (one probe call)."""
     try:
-        processor(text=[getattr(processor, "image_token", "") or ""], images=[probe_image()])
+        processor(text=[placeholder_of(processor)], images=[probe_image()])
     except Exception as exc:  # the probe is only to read what the processor asks for
         missing = _ASKED.search(str(exc))
         if missing is not None and missing.group(1) not in named:
             return {missing.group(1): _token_text(missing.group(1))}
     return {}
+
+
+_TOKEN_LIKE = re.compile(r"<\|?[A-Za-z_][\w.:/-]*\|?>|\[[A-Z][A-Z_]*\]")
+
+
+def _unwritten_tokens(processor: Any, named: dict[str, str]) -> dict[str, str]:
+    """Special tokens the processor's image expansion writes as literal text (``<IMG_START>``,
+    ``<low_res_im_start>``) that the tokenizer spells byte by byte: a checkpoint's vocabulary
+    has each as one token, so the tiny one gets them too."""
+    tokenizer = processor.tokenizer
+    ids = _probe_ids(processor, placeholder_of(processor))
+    vocab = tokenizer.get_vocab()
+    found = dict.fromkeys(_TOKEN_LIKE.findall(tokenizer.decode(ids)))
+    taken = set(named.values())
+    fresh = [t for t in found if t not in vocab and t not in taken]
+    return {f"lad_expansion_{len(named) + i}": t for i, t in enumerate(fresh)}
 
 
 def _absent_tokens(processor: Any, tokenizer: Any, named: dict[str, str]) -> dict[str, str]:
@@ -501,7 +582,10 @@ def _tokenizer(processor_cls: type, named: dict[str, str], stems: Sequence[str] 
     texts.extend(_token_text(stem) for stem in stems)
     unique = list(dict.fromkeys(t for t in texts if t and t not in _CHAT_TOKENS))
     attributes = {k: v for k, v in named.items() if not k.startswith("lad_")}
-    return byte_level_tokenizer(unique, attributes)
+    tokenizer = byte_level_tokenizer(unique, attributes)
+    if tokenizer.bos_token is None:  # processors that write it into the prompt (PaliGemma)
+        tokenizer.bos_token = "<|endoftext|>"
+    return tokenizer
 
 
 _CONFIG_DELIMITER = re.compile(r"^(image|vision)_(start|end)_token_(id|index)$")
@@ -516,6 +600,16 @@ def _probe_ids(processor: Any, text: str) -> list[int]:
     return out["input_ids"][0].tolist()
 
 
+def placeholder_of(processor: Any) -> str:
+    """What a prompt writes for an image: the processor's ``image_placeholder_token`` where
+    it has one (it expands that into its ``image_token``s), else its image token."""
+    for key in ("image_placeholder_token", "image_placeholder", "image_token"):
+        value = getattr(processor, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return "<image>"
+
+
 def probe_image() -> Any:
     from app.testing.tiny_models import random_images
 
@@ -525,7 +619,7 @@ def probe_image() -> Any:
 def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
     """The image delimiters the config names (``vision_start_token_id`` ...) that the
     processor's expansion leaves out: a checkpoint's template writes those itself."""
-    placeholder = getattr(processor, "image_token", None) or "<image>"
+    placeholder = placeholder_of(processor)
     vocab = processor.tokenizer.get_vocab()
     expanded = set(_probe_ids(processor, placeholder))
     found = {"start": "", "end": ""}
@@ -547,13 +641,30 @@ def _chat_template(processor: Any, config: PretrainedConfig) -> str:
     """ChatML turns; each image part written as the processor's image placeholder, between
     the delimiters the config names where the processor does not write them."""
     opening, closing = _delimiters(processor, config)
-    placeholder = opening + (getattr(processor, "image_token", None) or "<image>") + closing
+    placeholder = opening + placeholder_of(processor) + closing
     return chatml_template(
         "{% for content in message['content'] %}"
         f"{{% if content['type'] == 'image' %}}{placeholder}"
         "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
         "{% endfor %}"
     )
+
+
+def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> None:
+    """Where the processor's expansion of an image leaves out the token the config names as
+    the image token (the placeholder ``<image>`` becomes ``<IMG_ATOM>`` x 256), point the
+    config at the token the expansion repeats most: the one the image's features replace."""
+    placeholder = placeholder_of(processor)
+    ids = _probe_ids(processor, placeholder)
+    plain = set(_probe_ids(processor, ""))  # the tokens a prompt has without an image
+    counted = Counter(i for i in ids if i not in plain)
+    if not counted:
+        return
+    for owner in (config, getattr(config, "text_config", None)):
+        for key in ("image_token_id", "image_token_index"):
+            value = getattr(owner, key, None) if owner is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+                setattr(owner, key, counted.most_common(1)[0][0])
 
 
 def _set_token_ids(config: PretrainedConfig, processor: Any) -> None:

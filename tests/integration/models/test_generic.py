@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, Florence2Config, MllamaConfig
+from transformers import BertConfig, Florence2Config, LlavaConfig, MllamaConfig
 
 from app.cli import main as lad
 from app.models.generic import GenericAdapter, full_attention_layers, refusal
@@ -90,6 +90,12 @@ def test_refusals_name_the_reason(tmp_path: Path) -> None:
     assert "encoder-decoder" in refusal(Florence2Config())
     assert "cross-attention" in refusal(MllamaConfig())
     assert "no image tokens" in refusal(BertConfig())
+    # a decoder with sparse ("indexed") or linear attention only: Λ would be empty
+    sparse = LlavaConfig()
+    sparse.text_config.layer_types = ["linear_attention", "indexed_attention"] * 2
+    sparse.text_config.num_hidden_layers = 4
+    assert "no layer of layer_types is full_attention" in refusal(sparse)
+    assert "indexed_attention, linear_attention" in refusal(sparse)
     with pytest.raises(UnsupportedModelError, match="cross-attention"):
         adapter_for(MllamaConfig())
     MllamaConfig().save_pretrained(tmp_path)
