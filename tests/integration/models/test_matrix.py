@@ -15,10 +15,20 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from app.testing.matrix import NOT_BUILT, REFUSED, RESULTS, SERVED, image_text_types, outcome
 
-RECORD = {row["model_type"]: row for row in json.loads(RESULTS.read_text())["types"]}
+_RESULTS = json.loads(RESULTS.read_text())
+RECORD = {row["model_type"]: row for row in _RESULTS["types"]}
+# The record is of one transformers release (the pinned one): its mapping and its classes are
+# what the outcomes are about. At another release (CI's lowest-versions job) the matrix is not
+# held to it; `python -m app.testing.matrix` builds that release's own matrix.
+pytestmark = pytest.mark.skipif(
+    _RESULTS["transformers"] != transformers.__version__,
+    reason=f"the matrix record is of transformers {_RESULTS['transformers']}, "
+    f"this is {transformers.__version__}",
+)
 
 
 def test_the_record_covers_the_whole_mapping() -> None:
