@@ -40,7 +40,7 @@ from prometheus_client import (
 )
 
 from app import errors
-from app.engine.methods import NEEDS_CALIBRATION
+from app.method.methods import NEEDS_CALIBRATION
 from app.observability.collectors import (
     GpuMemoryCollector,
     ProfileCollector,

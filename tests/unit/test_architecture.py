@@ -22,6 +22,7 @@ SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
 """Where the packages live: app and calibration_store at the top, lad_client under clients/."""
 LAYERS: list[tuple[str, ...]] = [
     ("lad_client",),
+    ("app.method",),
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),
@@ -131,9 +132,56 @@ def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
     code = (
         "import sys\n"
         "import lad_client, lad_client.types, app.decode, app.errors, app.settings\n"
-        "import app.engine.labels, app.engine.methods, app.engine.calibrate, app.main\n"
+        "import app.engine.labels, app.method.methods, app.method.calibrate, app.main\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+METHOD_MAY_IMPORT = ("numpy", "lad_client.vocabulary")
+"""Beside the standard library and its own modules, all the method math may import: numpy,
+and the wire's names of the methods (stdlib only, see the test below)."""
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every absolute import of a file, lazy and TYPE_CHECKING ones included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names.add(node.module or "")
+    return names
+
+
+def test_the_method_math_imports_numpy_and_the_standard_library_only() -> None:
+    """app.method is §2.3-2.5 and §2.8-2.10 on arrays: no torch, no model, no store, no I/O
+    library, nothing of the service."""
+    files = sorted((ROOT / "app" / "method").glob("**/*.py"))
+    assert len(files) > 5, files
+    foreign = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in _imported_names(path)
+        if not (
+            name.split(".")[0] in sys.stdlib_module_names
+            or name == "app.method"
+            or name.startswith("app.method.")
+            or any(name == m or name.startswith(m + ".") for m in METHOD_MAY_IMPORT)
+        )
+    )
+    assert not foreign, foreign
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import app.method\n"
+        "for m in pkgutil.walk_packages(app.method.__path__, 'app.method.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "heavy = ('torch', 'transformers', 'PIL', 'calibration_store', 'app.engine', 'httpx')\n"
+        "loaded = sorted(m for m in heavy if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
