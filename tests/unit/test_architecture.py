@@ -1,13 +1,15 @@
 """The package's shape: imports point down the layers, never up, and never in a cycle;
-the wire path imports without torch.
+the method math imports numpy only; the wire path imports without torch.
 
-Layers, lowest first: the client package lad_client (clients/python: the wire vocabulary,
-the wire schemas, the clients; it imports nothing of the service, so it installs alone; its route
-table is the server's too); the profile schema and stores; the engine (model-agnostic core);
-the model families; the service's building blocks (settings, errors, decode, metrics)
-beside the evaluation, the demo and the test models; the service; the HTTP routes; the
-entry points; the developer tools outside the package. Every import, lazy ones inside
-functions included, is an edge.
+Layers, lowest first, as DESIGN.md §3 draws them: the client package lad_client
+(clients/python: the wire vocabulary, schemas and route table; it imports nothing of the
+service, so it installs alone); the method math on arrays (app.method); the profile schema
+and stores (below the engine, which stamps a profile's fingerprint); the torch runtime
+(app.engine); the model families; the service's building blocks (settings, errors, the
+byte budget, decode); observability (metrics, request metrics, collectors, logs); the
+service; the HTTP routes; above them the demo and the test models, then the evaluation and
+the benchmarks; the entry points; the developer tools outside the package. Every import,
+lazy ones inside functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -33,14 +35,13 @@ LAYERS: list[tuple[str, ...]] = [
         "app.budget",
         "app.decode",
         "app.image_headers",
-        "app.observability",
-        "app.demo",
-        "app.eval",
-        "app.testing",
     ),
+    ("app.observability",),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve"),
+    ("app.demo", "app.testing"),
+    ("app.eval", "app.bench"),
+    ("app.main", "app.serve", "app.cli"),
     ("tools",),  # developer tools (the generated documentation blocks), never imported by app
 ]
 
