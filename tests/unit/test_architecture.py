@@ -129,6 +129,29 @@ def test_no_import_cycle() -> None:
     assert not cycles, cycles
 
 
+def _file_of(prefix: str) -> str:
+    """How the architecture pages name a layer's package or module: app/engine/, errors.py."""
+    path = ROOT.joinpath(*prefix.split("."))
+    return f"{prefix.split('.')[-1]}.py" if path.with_suffix(".py").is_file() else f"{path.name}/"
+
+
+def test_the_design_page_draws_these_layers_in_this_order() -> None:
+    """docs/design.md's package table names every layer's package, lowest first, and the
+    layout of docs/development.md names each of them too."""
+    design = (ROOT / "docs" / "design.md").read_text().split("| Layer | Package | Job |")[1]
+    rows = [line.split("|")[2] for line in design.splitlines()[2:] if line.startswith("| ")]
+    layout = (ROOT / "docs" / "development.md").read_text().split("## Layout")[1]
+    drawn: list[tuple[int, str]] = []
+    for prefixes in LAYERS[:-1]:  # tools/ sits outside the package
+        for prefix in prefixes:
+            name = _file_of(prefix)
+            where = [i for i, row in enumerate(rows) if f"{name}`" in row]
+            assert where, f"docs/design.md's table does not name {name} ({prefix})"
+            drawn.append((where[0], prefix))
+            assert name in layout, f"docs/development.md's layout does not name {name}"
+    assert drawn == sorted(drawn, key=lambda d: d[0]), drawn
+
+
 def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
     code = (
         "import sys\n"
