@@ -12,7 +12,8 @@ import argparse
 import importlib
 import sys
 
-# sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, what it does)
+# sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, or
+# "module:function" for another function of that shape; what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("app.serve", "run the HTTP service (options: LAD_* variables or flags)"),
     "bench engine": (
@@ -58,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "evaluate the windowed rerank tournament and one n=all calibration against per-N ones",
     ),
     "demo train": ("app.demo.train_cli", "train the bundled demo model on synthetic scenes"),
-    "demo eval": ("app.demo.evaluate", "alias of `lad eval` (the demo world is its default)"),
+    "demo eval": ("app.eval.cli:demo_main", "alias of `lad eval` (the demo world is its default)"),
 }
 
 
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     for words in sorted(COMMANDS, key=lambda c: -len(c.split())):
         n = len(words.split())
         if argv[:n] == words.split():
-            module = importlib.import_module(COMMANDS[words][0])
+            module_name, _, function = COMMANDS[words][0].partition(":")
+            run = getattr(importlib.import_module(module_name), function or "main")
             try:
-                result = module.main(argv[n:])
+                result = run(argv[n:])
             except SystemExit as exc:  # argparse's --help and usage errors
                 return exc.code if isinstance(exc.code, int) else 0
             return int(result or 0)

@@ -25,8 +25,8 @@ from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
-from app.metrics import Metrics
-from app.request_metrics import RequestMetricsMiddleware
+from app.observability.metrics import Metrics
+from app.observability.request_metrics import RequestMetricsMiddleware
 from app.service import Service
 from app.service.profiles import legacy_profiles_note
 from app.settings import Settings

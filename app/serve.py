@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"lad serve: invalid settings: {problems}", flush=True)
         return EXIT_BAD_SETTINGS
-    from app.logs import configure_logging
+    from app.observability.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     problem = settings.exposure_problem()
@@ -239,7 +239,7 @@ def serve(app: Any, settings: Settings, sock: socket.socket | None = None, **opt
 
     The server's timeouts and connection limit come from ``app.api.server``; ``options``
     override further ``uvicorn.Config`` arguments. Uvicorn's own access log and logging
-    config are off: ``app.logs`` writes the request lines.
+    config are off: ``app.observability.logs`` writes the request lines.
     """
     if sock is None:
         try:

@@ -12,7 +12,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from app import errors, logs
+from app import errors
+from app.observability import logs
 from app.service import Service
 from app.settings import Settings
 

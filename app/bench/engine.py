@@ -77,8 +77,8 @@ def _variant_call(runner, variant: str, items, bias_matrix, prior):
     """One request of ``variant``; switching the attention backend is not part of the call."""
     import torch
 
-    from app.engine import debias
     from app.engine.attention import CAPTURE_IMPLEMENTATION, EAGER_HOOK_CAPTURE
+    from app.method import debias
 
     model, adapter = runner.model, runner.adapter
     # agd runs on the family's capture path: lad_capture over SDPA, or eager (eager hook)

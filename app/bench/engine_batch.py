@@ -55,9 +55,9 @@ class PermAvgCell:
 
 def _calls(runner, items, n: int, batches: Sequence[int]) -> dict[str, Callable[[], None]]:
     """The timed calls: ``batch B`` (B requests, one forward) and ``perm_avg``."""
-    from app.engine import debias
     from app.engine.interface import RetrievalItem
-    from app.engine.methods import apply_method
+    from app.method import debias
+    from app.method.methods import apply_method
 
     rng = np.random.default_rng(0)
     bias_matrix = rng.normal(size=(n, n))  # values do not change the cost of §2.4

@@ -1,1 +1,2 @@
-"""Model-agnostic core: debiasing math, label scoring, attention capture, runner, batcher."""
+"""The torch runtime: the runner (one forward -> scores and attention), the capture inside
+SDPA, the label trie and head over the KV cache, the batcher (the math is ``app.method``)."""

@@ -49,7 +49,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from app.engine.adapter import FamilyAdapter
-from app.engine.methods import MethodConfig
+from app.method.methods import MethodConfig
 
 CAPTURE_IMPLEMENTATION = "lad_capture"
 SDPA_CAPTURE = "sdpa"

@@ -2,7 +2,7 @@
 
 The score methods never generate (DESIGN §2.1); these two baselines must (§2.5): the
 model writes its reasoning and a final "The answer is <label>", which
-``app.engine.answers.parse_answer`` reads. Same model, same adapter, same images-first
+``app.method.answers.parse_answer`` reads. Same model, same adapter, same images-first
 prompt layout as the runner, through ``model.generate()``.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from app.engine.answers import DEFAULT_COT_PROMPT, cot_prompt_text, parse_answer
 from app.engine.interface import RetrievalItem
 from app.engine.labels import LabelSpec, resolve_labels
+from app.engine.prompts import DEFAULT_COT_PROMPT, cot_prompt_text
 from app.engine.runner import Runner
+from app.method.answers import parse_answer
 
 
 @dataclass

@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None, prog: str = "lad eval") -> int:
         return 2
 
 
+def demo_main(argv: list[str] | None = None) -> int:
+    """``lad demo eval``: this command under the demo's name (the demo world is the default
+    dataset). It lives here, above the demo, so the demo package imports no evaluator."""
+    return main(argv, prog="lad demo eval")
+
+
 def _main(config: EvalConfig) -> int:
     """The run of one parsed command line (see ``main``)."""
     from app.eval.harness import run_evaluation

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from app.cli_help import cli_flag, flag
-from app.engine.debias import MIXTURES, VARIANTS
 from app.engine.labels import SCHEMES
-from app.engine.methods import MethodConfig
 from app.engine.prompts import PROMPT_VARIANTS
 from app.eval.datasets import DATASETS
 from app.eval.evidence import EVAL_METHODS
 from app.eval.paper import PROTOCOLS, ProtocolSpec, random_orders, spec
 from app.eval.protocol import balanced_count
 from app.eval.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
+from app.method.debias import MIXTURES, VARIANTS
+from app.method.methods import MethodConfig
 
 DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg")
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import debias
-from app.engine.calibrate import estimate_calibration
 from app.eval import stats
 from app.eval.records import Group
+from app.method import debias
+from app.method.calibrate import estimate_calibration
 
 EVIDENCE = {"logits": "vanilla", "attention": "attn_raw", "posterior": "attn_pure"}
 """Which method's probabilities stand for which signal in the ROC-AUC table."""

@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app.engine import debias
-from app.engine.calibrate import Calibration, calibration_instances, estimate_calibration
 from app.engine.interface import RetrievalItem
-from app.engine.methods import METHODS, MULTI_PASS, MethodConfig, apply_method, passes
 from app.eval.datasets import EvalItem, open_image
 from app.eval.paper import OURS, GenerationSpec
 from app.eval.protocol import apply_ordering, gt_positions
 from app.eval.records import make_record
+from app.method import debias
+from app.method.calibrate import Calibration, calibration_instances, estimate_calibration
+from app.method.methods import METHODS, MULTI_PASS, MethodConfig, apply_method, passes
 
 GENERATION_METHODS: tuple[str, ...] = ("cot", "self_consistency")
 PROMPT_METHODS: tuple[str, ...] = ("instruction",)
@@ -270,10 +270,10 @@ def generation(
     """cot (one path), self_consistency (samples, majority vote) or a generated vanilla /
     instruction under its GenerationSpec (default: the protocol's for ``method``): its
     prompt, budget, sampling settings, inherited or explicit, and answer parser."""
-    from app.engine.answers import majority_vote, parse_answer_paper
     from app.engine.generate import generate_answers
     from app.engine.labels import resolve_labels
     from app.engine.prompts import prompt_text
+    from app.method.answers import majority_vote, parse_answer_paper
 
     if g_spec is None:
         g_spec = options.self_consistency if method == "self_consistency" else options.cot

@@ -59,14 +59,14 @@ class GenerationSpec:
     (the checkpoint's generation_config set aside). ``inherit`` (the authors'): the
     checkpoint's generation_config stays and only these are passed; None: not passed."""
 
-    prompt: str  # a CoT template (app.engine.answers.cot_prompt_text); see prompt_variant
+    prompt: str  # a CoT template (app.engine.prompts.cot_prompt_text); see prompt_variant
     max_new_tokens: int
     do_sample: bool
     temperature: float = 1.0
     top_k: int | None = 0
     top_p: float | None = 1.0
     samples: int = 1
-    parser: str = "ours"  # "ours": app.engine.answers.parse_answer; "paper": theirs
+    parser: str = "ours"  # "ours": app.method.answers.parse_answer; "paper": theirs
     no_vote: str = "wrong"  # self_consistency without a parsed answer: "wrong" or "first"
     inherit: bool = False  # keep the checkpoint's generation_config (the authors' calls)
     eos: str = "ours"  # end token passed: "ours", "tokenizer" or "config" (none passed)

@@ -1,6 +1,6 @@
 """Orderings of the evaluation protocol (DESIGN §2.7) and the position <-> image bookkeeping.
 
-Convention (the same as ``app.engine.debias.rotate``): an ordering ``perm`` of N images
+Convention (the same as ``app.method.debias.rotate``): an ordering ``perm`` of N images
 shows image ``perm[p]`` at position ``p``, i.e. ``ordered = [images[i] for i in perm]``.
 So an image ``i`` sits at position ``inverse(perm)[i]``, and a prediction at position
 ``p`` chose image ``perm[p]``.

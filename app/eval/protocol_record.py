@@ -17,11 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.engine.answers import cot_prompt_text
 from app.engine.labels import resolve_labels
-from app.engine.methods import METHODS, NEEDS_CALIBRATION
-from app.engine.prompts import prompt_text
+from app.engine.prompts import cot_prompt_text, prompt_text
 from app.eval.paper import paper_layers, spec, tile_cap
+from app.method.methods import METHODS, NEEDS_CALIBRATION
 
 QUERY = "{query}"
 """Stands for the caption in the prompts written to protocol.json."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app.engine.calibrate import Calibration
+from app.method.calibrate import Calibration
 from lad_client import LadClient
 
 PROFILE = "lad-eval"

@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from app.cli_help import command_parser
-from app.engine.calibrate import Calibration, estimate_calibration, multi_n_instances
 from app.engine.interface import RetrievalItem
-from app.engine.methods import MethodConfig, apply_method, passes
-from app.engine.tournament import Tournament
 from app.eval.datasets import EvalItem, open_dataset, open_image
 from app.eval.protocol import apply_ordering, balanced_count, gt_positions, item_orderings
 from app.eval.stats import BOOTSTRAP_SAMPLES, bootstrap_indices, mean_ci
+from app.method.calibrate import Calibration, estimate_calibration, multi_n_instances
+from app.method.methods import MethodConfig, apply_method, passes
+from app.method.tournament import Tournament
 
 TOURNAMENT_METHODS: tuple[str, ...] = ("vanilla", "agd", "perm_avg")
 

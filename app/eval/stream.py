@@ -3,7 +3,7 @@
 The question (DESIGN §2.8): a profile calibrated on the wrong setting or prompt variant
 (a *drifted* start) serves the traffic; feedback arrives on ``--feedback-rate`` of the
 requests; every ``--refresh-every`` new feedback the refresh of the service
-(``app.engine.refresh``: the same blend, minimum row count and held-out guard) runs on the
+(``app.method.refresh``: the same blend, minimum row count and held-out guard) runs on the
 same online store backend (``calibration_store.evidence``). How much of the gap between
 the drifted profile and one calibrated offline on the right setting does it close?
 
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.calibrate import Calibration, CalibrationStats, calibration_instances
-from app.engine.methods import MethodConfig, apply_method
-from app.engine.refresh import online_stats, refresh_calibration
 from app.eval.datasets import EvalItem
 from app.eval.evidence import Options, forward
 from app.eval.protocol import apply_ordering
 from app.eval.stats import LEVEL, percentile_ci
+from app.method.calibrate import Calibration, CalibrationStats, calibration_instances
+from app.method.methods import MethodConfig, apply_method
+from app.method.refresh import online_stats, refresh_calibration
 from calibration_store import Evidence, ProfileKey
 from calibration_store.evidence import HOLDOUT_BUCKETS, MemoryOnlineStore
 
@@ -93,7 +93,7 @@ def replay(
     n: int,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """The online profile through the stream: predictions (R,) and the refresh decisions."""
-    from app.engine.calibrate import estimate_from_stats
+    from app.method.calibrate import estimate_from_stats
 
     store = MemoryOnlineStore(ttl_s=1e9, max_entries=len(gt) + 1)
     key = ProfileKey(model_id="stream", name="stream", label_scheme="digits", n=n)
@@ -288,7 +288,7 @@ def run_stream(
     requests, gt = traffic(items, n, config.ordering_seed)
     scores, attention, _ = forward(runner, requests, options, lambda _: None)
     mc = config.method_config()
-    from app.engine.calibrate import estimate_from_stats
+    from app.method.calibrate import estimate_from_stats
 
     online, events = replay(scores, attention, gt, drifted, mc, setup, n)
     correct = {

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 import app.service.handlers as handlers
 from app.decode import ImageInput
 from app.engine.interface import RunnerLike
-from app.metrics import Metrics
+from app.observability.metrics import Metrics
 from app.service.feedback import OnlineService
 from app.service.pipeline import Pipeline
 from app.service.profiles import ProfileService

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from app import errors, logs
-from app.engine.calibrate import CalibrationStats
-from app.engine.calibration_diagnostics import calibration_diagnostics
-from app.engine.methods import MethodConfig
-from app.engine.refresh import online_stats, refresh_calibration
+from app import errors
+from app.method.calibrate import CalibrationStats
+from app.method.calibration_diagnostics import calibration_diagnostics
+from app.method.methods import MethodConfig
+from app.method.refresh import online_stats, refresh_calibration
+from app.observability import logs
 from app.service.profiles import ProfileService, calibration_of
 from app.settings import Settings
 from calibration_store import Evidence, OnlineStore, Profile, ProfileKey, StoreError

@@ -21,11 +21,11 @@ from PIL import Image
 
 from app import errors
 from app.decode import Decoder, ImageInput
-from app.engine import debias
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels
-from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
-from app.metrics import Metrics
+from app.method import debias
+from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
+from app.observability.metrics import Metrics
 from app.service.profiles import ProfileService, calibration_of
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings

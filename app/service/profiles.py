@@ -11,11 +11,12 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from app import errors, logs
-from app.engine.calibrate import Calibration
+from app import errors
 from app.engine.interface import RunnerLike
 from app.engine.labels import LabelSpec, parse_labels, stored_scheme
-from app.metrics import Metrics, ProfileRow
+from app.method.calibrate import Calibration
+from app.observability import logs
+from app.observability.metrics import Metrics, ProfileRow
 from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, StoreError
 from calibration_store import StoreUnavailable as StoreDown
 from lad_client.types import (

@@ -28,7 +28,7 @@ from typing import Any
 
 from app.engine.interface import RetrievalItem
 from app.engine.labels import LabelSpec
-from app.metrics import Metrics
+from app.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 _STOP = object()

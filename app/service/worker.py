@@ -19,7 +19,7 @@ from app import errors
 from app.engine.batcher import Batcher, BatcherStopped, QueueFull
 from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
-from app.metrics import Metrics
+from app.observability.metrics import Metrics
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import debias
 from app.engine.attention import EAGER_HOOK_CAPTURE
+from app.method import debias
 from calibration_store import open_store
 from tests.api.helpers import retrieve_body
 from tests.api.test_sink_guard import SinkRunner

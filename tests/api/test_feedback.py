@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine.calibrate import CalibrationStats
+from app.method.calibrate import CalibrationStats
 from calibration_store import Evidence, Profile, open_store
 from tests.api.helpers import metric_value, retrieve_body
 from tests.integration.calibration_store.stores import read_only

@@ -20,7 +20,7 @@ import pytest
 
 from app import errors
 from app.api import bodies
-from app.logs import WarningLimiter, configure_logging
+from app.observability.logs import WarningLimiter, configure_logging
 from app.testing import hostile
 from tests.api.helpers import retrieve_body
 

@@ -15,7 +15,7 @@ import pytest
 
 from app import errors
 from app.api import bodies
-from app.logs import MAX_LOG_LINE_BYTES, JsonFormatter, TextFormatter
+from app.observability.logs import MAX_LOG_LINE_BYTES, JsonFormatter, TextFormatter
 from tests.api.helpers import metric_value, retrieve_body
 
 LONG = "M" * 60_000

@@ -1,7 +1,7 @@
 """Layer selection, per-layer priors and the sink guard end to end, on a tiny Qwen2.5-VL deep
 enough that |Λ| > K (12 decoder layers, Λ = 7..11, K = 2; native SDPA capture): calibrate,
 then retrieve through the service, and the answers equal the reference math of
-app/engine/debias.py, with L* chosen per instance from Λ."""
+app/method/debias.py, with L* chosen per instance from Λ."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine import debias
+from app.method import debias
 from app.testing.tiny_models import DEEP_LAYERS, tiny_runner
 from tests.api.helpers import retrieve_body
 from tests.api.test_sink_guard import SinkRunner

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from app.logs import JsonFormatter, TextFormatter
+from app.observability.logs import JsonFormatter, TextFormatter
 from tests.api.helpers import retrieve_body
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import debias
 from app.engine.interface import ForwardResult, RetrievalItem
+from app.method import debias
 from tests.api.helpers import retrieve_body
 
 

@@ -200,8 +200,8 @@ def test_every_hpa_pods_metric_is_served_by_an_adapter_rule_on_an_exported_serie
     full: dict,
 ) -> None:
     """prometheus-adapter-values.yaml serves each pods metric the HPA reads, from a series
-    that app.metrics really exports, per namespace and pod."""
-    from app.metrics import Metrics
+    that app.observability.metrics really exports, per namespace and pod."""
+    from app.observability.metrics import Metrics
 
     exported = {m.name for m in Metrics().registry.collect()}
     rules = load_yaml(PROMETHEUS / "prometheus-adapter-values.yaml")["rules"]["custom"]

@@ -1,13 +1,15 @@
 """The package's shape: imports point down the layers, never up, and never in a cycle;
-the wire path imports without torch.
+the method math imports numpy only; the wire path imports without torch.
 
-Layers, lowest first: the client package lad_client (clients/python: the wire vocabulary,
-the wire schemas, the clients; it imports nothing of the service, so it installs alone; its route
-table is the server's too); the profile schema and stores; the engine (model-agnostic core);
-the model families; the service's building blocks (settings, errors, decode, metrics)
-beside the evaluation, the demo and the test models; the service; the HTTP routes; the
-entry points; the developer tools outside the package. Every import, lazy ones inside
-functions included, is an edge.
+Layers, lowest first, as DESIGN.md §3 draws them: the client package lad_client
+(clients/python: the wire vocabulary, schemas and route table; it imports nothing of the
+service, so it installs alone); the method math on arrays (app.method); the profile schema
+and stores (below the engine, which stamps a profile's fingerprint); the torch runtime
+(app.engine); the model families; the service's building blocks (settings, errors, the
+byte budget, decode); observability (metrics, request metrics, collectors, logs); the
+service; the HTTP routes; above them the demo and the test models, then the evaluation and
+the benchmarks; the entry points; the developer tools outside the package. Every import,
+lazy ones inside functions included, is an edge.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
 """Where the packages live: app and calibration_store at the top, lad_client under clients/."""
 LAYERS: list[tuple[str, ...]] = [
     ("lad_client",),
+    ("app.method",),
     ("calibration_store",),
     ("app.engine",),
     ("app.models",),
@@ -32,17 +35,13 @@ LAYERS: list[tuple[str, ...]] = [
         "app.budget",
         "app.decode",
         "app.image_headers",
-        "app.metrics",
-        "app.request_metrics",
-        "app.collectors",
-        "app.logs",
-        "app.demo",
-        "app.eval",
-        "app.testing",
     ),
+    ("app.observability",),
     ("app.service",),
     ("app.api",),
-    ("app.main", "app.cli", "app.bench", "app.serve"),
+    ("app.demo", "app.testing"),
+    ("app.eval", "app.bench"),
+    ("app.main", "app.serve", "app.cli"),
     ("tools",),  # developer tools (the generated documentation blocks), never imported by app
 ]
 
@@ -130,13 +129,83 @@ def test_no_import_cycle() -> None:
     assert not cycles, cycles
 
 
+def _file_of(prefix: str) -> str:
+    """How the architecture pages name a layer's package or module: app/engine/, errors.py."""
+    path = ROOT.joinpath(*prefix.split("."))
+    return f"{prefix.split('.')[-1]}.py" if path.with_suffix(".py").is_file() else f"{path.name}/"
+
+
+def test_the_design_page_draws_these_layers_in_this_order() -> None:
+    """docs/design.md's package table names every layer's package, lowest first, and the
+    layout of docs/development.md names each of them too."""
+    design = (ROOT / "docs" / "design.md").read_text().split("| Layer | Package | Job |")[1]
+    rows = [line.split("|")[2] for line in design.splitlines()[2:] if line.startswith("| ")]
+    layout = (ROOT / "docs" / "development.md").read_text().split("## Layout")[1]
+    drawn: list[tuple[int, str]] = []
+    for prefixes in LAYERS[:-1]:  # tools/ sits outside the package
+        for prefix in prefixes:
+            name = _file_of(prefix)
+            where = [i for i, row in enumerate(rows) if f"{name}`" in row]
+            assert where, f"docs/design.md's table does not name {name} ({prefix})"
+            drawn.append((where[0], prefix))
+            assert name in layout, f"docs/development.md's layout does not name {name}"
+    assert drawn == sorted(drawn, key=lambda d: d[0]), drawn
+
+
 def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
     code = (
         "import sys\n"
         "import lad_client, lad_client.types, app.decode, app.errors, app.settings\n"
-        "import app.engine.labels, app.engine.methods, app.engine.calibrate, app.main\n"
+        "import app.engine.labels, app.method.methods, app.method.calibrate, app.main\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+METHOD_MAY_IMPORT = ("numpy", "lad_client.vocabulary")
+"""Beside the standard library and its own modules, all the method math may import: numpy,
+and the wire's names of the methods (stdlib only, see the test below)."""
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every absolute import of a file, lazy and TYPE_CHECKING ones included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names.add(node.module or "")
+    return names
+
+
+def test_the_method_math_imports_numpy_and_the_standard_library_only() -> None:
+    """app.method is §2.3-2.5 and §2.8-2.10 on arrays: no torch, no model, no store, no I/O
+    library, nothing of the service."""
+    files = sorted((ROOT / "app" / "method").glob("**/*.py"))
+    assert len(files) > 5, files
+    foreign = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in _imported_names(path)
+        if not (
+            name.split(".")[0] in sys.stdlib_module_names
+            or name == "app.method"
+            or name.startswith("app.method.")
+            or any(name == m or name.startswith(m + ".") for m in METHOD_MAY_IMPORT)
+        )
+    )
+    assert not foreign, foreign
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import app.method\n"
+        "for m in pkgutil.walk_packages(app.method.__path__, 'app.method.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "heavy = ('torch', 'transformers', 'PIL', 'calibration_store', 'app.engine', 'httpx')\n"
+        "loaded = sorted(m for m in heavy if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

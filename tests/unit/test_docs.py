@@ -44,6 +44,22 @@ def test_links_and_anchors_resolve_inside_the_repository() -> None:
                 assert anchor in _anchors(path), f"{page.name}: no #{anchor} in {path.name}"
 
 
+_SOURCE_TOPS = "app|calibration_store|clients|tools|tests|deploy|scripts"
+_REPO_PATH = re.compile(rf"`((?:{_SOURCE_TOPS})/[\w./-]+)`")
+
+
+def test_the_source_paths_the_pages_name_exist() -> None:
+    """A module path in backticks (`app/method/debias.py`) names a file or folder that is
+    there, so a move that forgets a page fails here."""
+    missing = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+        for path in _REPO_PATH.findall(page.read_text())
+        if not (ROOT / path.rstrip(".,")).exists()
+    ]
+    assert not missing, missing
+
+
 def test_the_readme_front_page_is_short_and_starts_with_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 200

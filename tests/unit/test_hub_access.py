@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ONE_LOG = """
 import logging
-from app.logs import configure_logging
+from app.observability.logs import configure_logging
 from app.models.hub_access import log_once
 import huggingface_hub.utils.logging as hub_logging
 import transformers

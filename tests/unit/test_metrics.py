@@ -1,5 +1,5 @@
-"""app.metrics on its own: pre-created label values, GPU memory only with CUDA, the process
-collectors and the build info."""
+"""app.observability.metrics on its own: pre-created label values, GPU memory only with
+CUDA, the process collectors and the build info."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 from prometheus_client import generate_latest
 
 from app import errors
-from app.metrics import GpuMemoryCollector, Metrics, error_codes, package_version
+from app.observability.metrics import GpuMemoryCollector, Metrics, error_codes, package_version
 from tests.api.helpers import metric_value
 
 

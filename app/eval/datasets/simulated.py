@@ -2,8 +2,8 @@
 
 Not a model: ``SimulatedBackend.forward`` returns label scores s and attention evidence
 a^(l) computed from each item's latent candidates and the order they are shown in, so that
-``lad eval --dataset simulated`` runs the same calibration (``app.engine.calibrate``) and
-method code (``app.engine.methods``) as the service, and the method's stages can be seen
+``lad eval --dataset simulated`` runs the same calibration (``app.method.calibrate``) and
+method code (``app.method.methods``) as the service, and the method's stages can be seen
 where the demo model cannot show them (design §4). Everything it reports is a simulation.
 
 The regime (defaults in ``SimParams``), for GT at position t among N:

@@ -19,14 +19,15 @@ from typing import Any, Literal
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from app import errors, logs
-from app.engine.calibrate import (
+from app import errors
+from app.engine.labels import Labels
+from app.method.calibrate import (
     CalibrationStats,
     estimate_from_stats,
     multi_n_instances,
     raw_position_share,
 )
-from app.engine.labels import Labels
+from app.observability import logs
 from app.service.feedback import calibration_record
 from app.service.pipeline import Pipeline
 from calibration_store import Fingerprint, Profile

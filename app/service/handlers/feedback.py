@@ -5,7 +5,8 @@ loop."""
 
 from __future__ import annotations
 
-from app import errors, logs
+from app import errors
+from app.observability import logs
 from app.service.feedback import OnlineService
 from calibration_store import ProfileKey
 from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE

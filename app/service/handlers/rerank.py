@@ -1,5 +1,5 @@
 """POST /v1/rerank behind the route: many candidates through the windowed tournament of
-``app.engine.tournament`` (design §2.10), every window of a round in one batch of forward
+``app.method.tournament`` (design §2.10), every window of a round in one batch of forward
 passes, each window debiased with the profile of its own N.
 
 The same stages as retrieval, per window: decode (counts, top_n, the labels of every window
@@ -16,11 +16,12 @@ from collections.abc import Iterable, Sequence
 
 from starlette.concurrency import run_in_threadpool
 
-from app import errors, logs
+from app import errors
 from app.decode import ImageInput
 from app.engine.labels import Labels
-from app.engine.methods import NEEDS_CALIBRATION, passes
-from app.engine.tournament import Tournament, window_sizes
+from app.method.methods import NEEDS_CALIBRATION, passes
+from app.method.tournament import Tournament, window_sizes
+from app.observability import logs
 from app.service.pipeline import Pipeline, Plan, ms_since
 from lad_client.types import (
     RerankMeta,

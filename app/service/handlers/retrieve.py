@@ -13,10 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from app import errors, logs
+from app import errors
 from app.decode import ImageInput
-from app.engine import debias
-from app.engine.methods import passes
+from app.method import debias
+from app.method.methods import passes
+from app.observability import logs
 from app.service.feedback import OnlineService
 from app.service.pipeline import Context, Pipeline, ms_since
 from lad_client.types import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse

@@ -6,7 +6,7 @@ Pure data, standard library only: the clients take each call's method, path and 
 from it (``lad_client.calls``), and on the server the route decorators
 (``app.api.registry``), the body guard's limits (``app.api.middleware``), the OpenAPI error
 and request-body docs (``app.api.route_errors``, ``app.api.openapi``), the audit log
-(``app.logs``) and the content-type check (``app.api.bodies``) are all derived from
+(``app.observability.logs``) and the content-type check (``app.api.bodies``) are all derived from
 ``ROUTES``. Error codes are the wire codes (``app.errors`` maps each to its class and HTTP
 status); models are named by their class in ``lad_client.types``.
 """

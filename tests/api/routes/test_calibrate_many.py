@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.demo.world import RetrievalExample, make_items
-from app.engine.calibrate import calibration_instances, example_of_size
+from app.method.calibrate import calibration_instances, example_of_size
 from calibration_store import StoreUnavailable, open_store
 from tests.api.helpers import calibration_body, retrieve_body
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from app.demo.world import RetrievalExample, make_items
-from app.engine.tournament import window_sizes
+from app.method.tournament import window_sizes
 from tests.api.helpers import b64, calibration_body, multipart_files, retrieve_body
 
 

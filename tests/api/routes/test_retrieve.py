@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.engine import debias
+from app.method import debias
 from calibration_store import Profile, open_store
 from tests.api.helpers import data_url, multipart_files, png_bytes, retrieve_body
 

@@ -120,7 +120,7 @@ def test_file_backend_keeps_statistics_across_a_restart(tmp_path: Path) -> None:
 
 
 def test_the_refresh_prior_comes_from_feedback_or_every_served_request() -> None:
-    from app.engine.refresh import online_stats
+    from app.method.refresh import online_stats
 
     store = open_online_store("memory://")
     for i in range(6):

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.calibrate import estimate_calibration
 from app.engine.interface import RetrievalItem
-from app.engine.methods import MethodConfig, apply_method
 from app.eval import cli
 from app.eval.datasets import open_dataset
 from app.eval.harness import EvalConfig, run_evaluation
 from app.eval.metrics import compute_metrics
 from app.eval.protocol import apply_ordering
 from app.eval.records import read_records
+from app.method.calibrate import estimate_calibration
+from app.method.methods import MethodConfig, apply_method
 from tests.unit.eval.fixtures import tiny_clip, write_coco, write_jsonl, write_world_images
 
 KEYS = {

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.methods import MethodConfig, apply_method
-from app.engine.tournament import window_sizes
 from app.eval import cli
 from app.eval import rerank as R
 from app.eval.datasets import open_dataset
 from app.eval.datasets.synthetic import image_size_for
+from app.method.methods import MethodConfig, apply_method
+from app.method.tournament import window_sizes
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from app.engine import debias
 from app.engine.runner import RetrievalItem
+from app.method import debias
 from app.models.image_dedup import image_sources, install, unique_image_processing
 from app.testing.tiny_models import random_images
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from app.cli import main as lad
-from app.engine import debias
 from app.engine import runner as runner_module
 from app.engine.attention import default_layers, eager_attentions, span_mass
 from app.engine.runner import RetrievalItem, Runner, chain_path
 from app.main import load_runner_from_settings
+from app.method import debias
 from app.models.glm4v import Glm4vAdapter
 from app.models.loader import load_runner, make_runner
 from app.models.qwen3_5 import Qwen3_5Adapter

@@ -1,11 +1,17 @@
-"""The paper's prompt (DESIGN §2.6), byte-exact, and its hash."""
+"""The paper's prompt (DESIGN §2.6), byte-exact, and its hash; the CoT baselines' prompt."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.engine.labels import resolve_labels
-from app.engine.prompts import PROMPT_VARIANTS, prompt_hash, prompt_text
+from app.engine.prompts import (
+    DEFAULT_COT_PROMPT,
+    PROMPT_VARIANTS,
+    cot_prompt_text,
+    prompt_hash,
+    prompt_text,
+)
 from app.engine.runner import RetrievalItem
 from app.testing.tiny_models import random_images
 
@@ -59,3 +65,17 @@ def test_rendered_chat_prompt_puts_images_first(shared_runner) -> None:
     (prompt,) = runner.prompts([RetrievalItem("a dog on a red sofa", random_images(4))])
     image = "<|vision_start|><|image_pad|><|vision_end|>"
     assert prompt.endswith(f"{image * 4}{VANILLA_N4}<|im_end|>\n<|im_start|>assistant\n")
+
+
+DIGITS = ["1", "2", "3", "4"]
+
+
+def test_cot_prompt_text() -> None:
+    text = cot_prompt_text("a red star", DIGITS)
+    assert text.startswith("Given 4 images indexed from 1 to 4, identify the image")
+    assert text.endswith("Caption: a red star\nAnswer: ")
+    for label in DIGITS[1:]:  # names no label position (the range phrase says "1 to 4")
+        assert label not in text.replace("Given 4 images indexed from 1 to 4", "")
+    custom = cot_prompt_text("q", ["A", "B"], "{n} {range} {first}-{last}: {query}")
+    assert custom == "2 labeled from A to B A-B: q"
+    assert "{query}" in DEFAULT_COT_PROMPT

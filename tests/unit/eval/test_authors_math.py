@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.calibrate import estimate_calibration
-from app.engine.methods import apply_method
 from app.eval.config import EvalConfig
+from app.method.calibrate import estimate_calibration
+from app.method.methods import apply_method
 
 N, LAYERS, M = 4, 5, 5
 EPS = 1e-20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.answers import cot_prompt_text
+from app.engine.prompts import cot_prompt_text
 from app.eval.paper import (
     OURS,
     PAPER,

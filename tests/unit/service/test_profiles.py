@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app import errors
-from app.metrics import Metrics
+from app.observability.metrics import Metrics
 from app.service.profiles import ProfileService, calibration_of
 from calibration_store import Profile, open_store
 

@@ -1,10 +1,9 @@
-"""Generation-based baselines (DESIGN §2.5–§2.6): the CoT prompt text, the answer parser, the vote.
+"""The generation baselines' pure parts (DESIGN §2.5): the answer parser and the vote.
 
 ``cot`` asks for reasoning first and a final "The answer is <label>"; ``self_consistency``
-samples several such paths and takes the majority of the parsed answers. The wording is
-a setting (``LAD_COT_PROMPT``); ``DEFAULT_COT_PROMPT`` names no label position.
-``parse_answer_paper`` is the authors' reading of a generated answer (the "paper" protocol).
-Torch-free: the parser and the vote are pure functions over strings and integers.
+samples several such paths and takes the majority of the parsed answers (the prompt text
+is ``app.engine.prompts.cot_prompt_text``). ``parse_answer_paper`` is the authors' reading
+of a generated answer (the "paper" protocol). Pure functions over strings and integers.
 """
 
 from __future__ import annotations
@@ -12,18 +11,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-
-from app.engine.labels import label_phrases
-
-DEFAULT_COT_PROMPT = (
-    "Given {n} images {range}, identify the image that best matches the provided caption. "
-    'Think step by step first, then end with the sentence "The answer is" followed by '
-    "{noun} of the matching image.\n"
-    "Caption: {query}\n"
-    "Answer: "
-)
-"""The CoT / self-consistency text part (the N images come first, as in §2.6). It names no
-label: an example answer such as "The answer is 4" would prime the last position."""
 
 SELF_CONSISTENCY_SAMPLES = 10
 SELF_CONSISTENCY_TEMPERATURE = 0.7
@@ -34,20 +21,6 @@ _ANSWER_IS = re.compile(
     re.IGNORECASE,
 )
 _WORD = re.compile(r"[A-Za-z0-9]+")
-
-
-def cot_prompt_text(query: str, labels: Sequence[str], template: str = DEFAULT_COT_PROMPT) -> str:
-    """The text part of a CoT prompt for N = len(labels) images."""
-    labels = list(labels)
-    range_phrase, noun = label_phrases(labels)
-    return template.format(
-        n=len(labels),
-        range=range_phrase,
-        noun=noun,
-        first=labels[0],
-        last=labels[-1],
-        query=query,
-    )
 
 
 def _label_index(token: str, labels: Sequence[str]) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.tournament import Tournament, run
+from app.method.tournament import Tournament, run
 
 
 @pytest.mark.parametrize(("candidates", "window", "top_n"), [(10, 4, 1), (17, 5, 2), (9, 3, 3)])

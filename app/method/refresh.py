@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from app.engine.calibrate import Calibration, CalibrationStats, blend, estimate_from_stats
-from app.engine.calibration_diagnostics import DIAGNOSTIC_METHODS, accuracy_with
-from app.engine.methods import MethodConfig
-from calibration_store.evidence import FeedbackSnapshot
+from app.method.calibrate import Calibration, CalibrationStats, blend, estimate_from_stats
+from app.method.calibration_diagnostics import DIAGNOSTIC_METHODS, accuracy_with
+from app.method.methods import MethodConfig
 
 GUARD_METHOD = "agd"
 """The method whose held-out accuracy decides whether a refresh goes live."""
@@ -28,7 +28,20 @@ PRIOR_SOURCES = ("feedback", "served")
 (P needs no labels: more evidence, including requests that never get feedback)."""
 
 
-def online_stats(snap: FeedbackSnapshot, prior: str = "feedback") -> CalibrationStats:
+class FeedbackSums(Protocol):
+    """The running sums of one profile's feedback, as a store snapshot holds them
+    (``calibration_store.evidence.FeedbackSnapshot``): named here so the math reads no
+    store."""
+
+    row_sums: np.ndarray
+    row_counts: np.ndarray
+    prior_sums: np.ndarray
+    prior_count: int
+    unlabelled_prior_sums: np.ndarray
+    unlabelled_count: int
+
+
+def online_stats(snap: FeedbackSums, prior: str = "feedback") -> CalibrationStats:
     """The feedback statistics of a store snapshot, as the estimator's sums and counts."""
     if prior not in PRIOR_SOURCES:
         raise ValueError(f"unknown prior source {prior!r}; use one of {PRIOR_SOURCES}")

@@ -1,4 +1,4 @@
-"""Properties and a hand-checked example of the AGD math (app/engine/debias.py, DESIGN §2.3-5)."""
+"""Properties and a hand-checked example of the AGD math (app/method/debias.py, DESIGN §2.3-5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.engine import debias as D
+from app.method import debias as D
 
 FAST = settings(max_examples=60, deadline=None)
 

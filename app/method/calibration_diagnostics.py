@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.calibrate import CalibrationStats, estimate_from_stats
-from app.engine.methods import MethodConfig, apply_method
+from app.method.calibrate import CalibrationStats, estimate_from_stats
+from app.method.methods import MethodConfig, apply_method
 
 DIAGNOSTIC_METHODS = ("vanilla", "attn_pure", "agd")
 

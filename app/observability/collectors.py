@@ -1,5 +1,5 @@
-"""What a scrape reads beside the declared series of app.metrics: per-profile gauges and GPU
-memory collected at scrape time, the standard process collectors, and the package version
+"""What a scrape reads beside the declared series of ``metrics``: per-profile gauges and
+GPU memory collected at scrape time, the standard process collectors, and the package version
 that ``lad_build_info`` carries."""
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The generation baselines' pure parts: the CoT prompt text, the answer parser, the vote."""
+"""The generation baselines' pure parts: the answer parser and the vote."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.engine.answers import (
-    DEFAULT_COT_PROMPT,
-    cot_prompt_text,
-    majority_vote,
-    parse_answer,
-    parse_answer_paper,
-)
+from app.method.answers import majority_vote, parse_answer, parse_answer_paper
 
 DIGITS = ["1", "2", "3", "4"]
 
@@ -55,17 +49,6 @@ def test_majority_vote() -> None:
     assert majority_vote([None, None], 3) == (None, [1 / 3] * 3)
     with pytest.raises(ValueError):
         majority_vote([5], 4)
-
-
-def test_cot_prompt_text() -> None:
-    text = cot_prompt_text("a red star", DIGITS)
-    assert text.startswith("Given 4 images indexed from 1 to 4, identify the image")
-    assert text.endswith("Caption: a red star\nAnswer: ")
-    for label in DIGITS[1:]:  # names no label position (the range phrase says "1 to 4")
-        assert label not in text.replace("Given 4 images indexed from 1 to 4", "")
-    custom = cot_prompt_text("q", ["A", "B"], "{n} {range} {first}-{last}: {query}")
-    assert custom == "2 labeled from A to B A-B: q"
-    assert "{query}" in DEFAULT_COT_PROMPT
 
 
 def test_parse_answer_paper() -> None:

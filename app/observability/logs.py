@@ -1,7 +1,7 @@
 """Logs an operator can follow: one line per request, audit lines, JSON or text.
 
 Each HTTP request gets a ``RequestRecord`` (set by the request middleware of
-``app.metrics``); the layers below fill in what they learn while handling it (``note``:
+``request_metrics``); the layers below fill in what they learn while handling it (``note``:
 the retrieval method, N, the profile and its version, which token was accepted). When the
 request ends the middleware writes ONE line for it on the ``lad.request`` logger, and an
 ``lad.audit`` line for each admin action that changes a profile (calibrate, rollback,

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import debias
-from app.engine.calibrate import Calibration
+from app.method import debias
+from app.method.calibrate import Calibration
 from lad_client.vocabulary import METHODS
 
 NEEDS_CALIBRATION: frozenset[str] = frozenset({"agd", "pride", "attn_pure"})

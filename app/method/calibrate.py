@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.engine import debias
+from app.method import debias
 
 T = TypeVar("T")
 

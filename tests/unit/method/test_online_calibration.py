@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.calibrate import (
+from app.method.calibrate import (
     CalibrationStats,
     blend,
     estimate_calibration,
     estimate_from_stats,
 )
-from app.engine.calibration_diagnostics import calibration_diagnostics
-from app.engine.methods import MethodConfig
+from app.method.calibration_diagnostics import calibration_diagnostics
+from app.method.methods import MethodConfig
 
 
 def _evidence(rng, r: int, n: int = 3, layers: int = 2):

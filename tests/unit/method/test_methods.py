@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import debias
-from app.engine.calibrate import Calibration
-from app.engine.methods import (
+from app.method import debias
+from app.method.calibrate import Calibration
+from app.method.methods import (
     METHODS,
     MULTI_PASS,
     NEEDS_CALIBRATION,

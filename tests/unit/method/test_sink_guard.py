@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import debias
-from app.engine.calibrate import Calibration, estimate_calibration
-from app.engine.methods import MethodConfig, apply_method
+from app.method import debias
+from app.method.calibrate import Calibration, estimate_calibration
+from app.method.methods import MethodConfig, apply_method
 
 N = 4
 

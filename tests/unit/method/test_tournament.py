@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import tournament as T
+from app.method import tournament as T
 
 
 def oracle(values: np.ndarray):

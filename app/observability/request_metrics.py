@@ -1,5 +1,5 @@
 """The request middleware of the metrics: per request the counts, latency, in-flight gauge
-and errors by code of app.metrics, and the request's log line (app.logs)."""
+and errors by code of ``metrics``, and the request's log line (``logs``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors, logs
-from app.metrics import CLIENT_CLOSED_CODE, CLIENT_CLOSED_STATUS, Metrics
+from app import errors
+from app.observability import logs
+from app.observability.metrics import CLIENT_CLOSED_CODE, CLIENT_CLOSED_STATUS, Metrics
 
 QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 """Scrapes and probes: counted, but not in flight, and in the request log only when they
@@ -35,7 +36,7 @@ class RequestMetricsMiddleware:
     """Per request: counts and latency by route template (not raw path), HTTP verb, status
     (499 for a client that left before its body was read) and retrieval method; the
     in-flight gauge; errors by code (read from the error envelope); the request's log line
-    (``app.logs``; for QUIET_PATHS only on failure or at debug level); and a
+    (``app.observability.logs``; for QUIET_PATHS only on failure or at debug level); and a
     ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:

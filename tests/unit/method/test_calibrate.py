@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine import debias
-from app.engine.calibrate import calibration_instances, estimate_calibration
+from app.method import debias
+from app.method.calibrate import calibration_instances, estimate_calibration
 
 
 def test_every_gt_visits_every_position_once() -> None:
@@ -36,7 +36,7 @@ def test_a_position_without_gt_is_refused() -> None:
 
 
 def test_raw_position_share_counts_the_argmax_of_every_instance() -> None:
-    from app.engine.calibrate import raw_position_share
+    from app.method.calibrate import raw_position_share
 
     scores = np.array([[0.0, 1.0, -1.0], [2.0, 0.0, 0.0], [0.0, 3.0, 1.0], [0.1, 0.2, 0.0]])
     np.testing.assert_allclose(raw_position_share(scores), [0.25, 0.75, 0.0])

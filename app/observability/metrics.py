@@ -15,7 +15,7 @@ Label values that panels and alerts select (error codes, calibration outcomes, f
 methods and N, store operations) are created at 0, so a quiet service shows 0, not
 "No data". The ``_created`` series are off (they double every counter's series).
 
-Beside the ``lad_`` series every registry carries (app.collectors) prometheus_client's
+Beside the ``lad_`` series every registry carries (app.observability.collectors) prometheus_client's
 standard collectors (``process_*``: resident memory, CPU seconds, open and max file
 descriptors, start time; ``python_gc_*``, ``python_info``), as the default registry would, and
 ``lad_build_info`` (version, model, revision, dtype, device), set when the model is loaded.
@@ -40,14 +40,14 @@ from prometheus_client import (
 )
 
 from app import errors
-from app.collectors import (
+from app.method.methods import NEEDS_CALIBRATION
+from app.observability.collectors import (
     GpuMemoryCollector,
     ProfileCollector,
     ProfileRow,
     package_version,
     register_runtime,
 )
-from app.engine.methods import NEEDS_CALIBRATION
 
 prometheus_client.disable_created_metrics()
 
