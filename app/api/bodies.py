@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from app import errors
-from app.decode import TRIM_AFTER_BYTES, release_memory
+from app.service.decode import TRIM_AFTER_BYTES, release_memory
 from lad_client.routes import BY_NAME, JSON, Route, find
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 import app.service.handlers as handlers
-from app.decode import ImageInput
+from app.service.decode import ImageInput
 from app.engine.interface import RunnerLike
 from app.metrics import Metrics
 from app.service.feedback import OnlineService

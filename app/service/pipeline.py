@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from app import errors
-from app.decode import Decoder, ImageInput
+from app.service.decode import Decoder, ImageInput
 from app.engine import debias
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.decode import ImageInput
+from app.service.decode import ImageInput
 from app.engine.labels import Labels
 from app.engine.methods import NEEDS_CALIBRATION, passes
 from app.engine.tournament import Tournament, window_sizes

@@ -14,7 +14,7 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.decode import ImageInput
+from app.service.decode import ImageInput
 from app.engine import debias
 from app.engine.methods import passes
 from app.service.feedback import OnlineService
