@@ -15,9 +15,9 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 import app.service.handlers as handlers
-from app.service.decode import ImageInput
 from app.engine.interface import RunnerLike
 from app.metrics import Metrics
+from app.service.decode import ImageInput
 from app.service.feedback import OnlineService
 from app.service.pipeline import Pipeline
 from app.service.profiles import ProfileService

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from app import errors
-from app.service.decode import Decoder, ImageInput
 from app.engine import debias
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels
 from app.engine.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
 from app.metrics import Metrics
+from app.service.decode import Decoder, ImageInput
 from app.service.profiles import ProfileService, calibration_of
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings

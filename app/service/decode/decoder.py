@@ -1,4 +1,5 @@
-"""The decoder of the decode stage: wire input -> engine input, within the operator's limits, at bounded cost.
+"""The decoder of the decode stage: wire input -> engine input, within the operator's
+limits, at bounded cost.
 
 Runs before the queue (off the event loop), so a bad image or query is refused with a 4xx
 before it can take a place in a batch. The cost of a request is bounded before any pixel
@@ -75,6 +76,8 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim

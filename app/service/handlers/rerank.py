@@ -17,10 +17,10 @@ from collections.abc import Iterable, Sequence
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.service.decode import ImageInput
 from app.engine.labels import Labels
 from app.engine.methods import NEEDS_CALIBRATION, passes
 from app.engine.tournament import Tournament, window_sizes
+from app.service.decode import ImageInput
 from app.service.pipeline import Pipeline, Plan, ms_since
 from lad_client.types import (
     RerankMeta,

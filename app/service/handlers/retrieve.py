@@ -14,9 +14,9 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app import errors, logs
-from app.service.decode import ImageInput
 from app.engine import debias
 from app.engine.methods import passes
+from app.service.decode import ImageInput
 from app.service.feedback import OnlineService
 from app.service.pipeline import Context, Pipeline, ms_since
 from lad_client.types import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse
