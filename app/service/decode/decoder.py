@@ -248,7 +248,7 @@ class Decoder:
         start = time.perf_counter()
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
         if timings is not None:
-            timings["base64"] = (time.perf_counter() - start) * 1e3
+            timings["base64"] = timings.get("base64", 0.0) + (time.perf_counter() - start) * 1e3
         probes: list[_Probe] = []
         held = 0
         try:
