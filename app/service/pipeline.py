@@ -44,16 +44,51 @@ class Stage:
     timed_as: str | None
     """The ``timings_ms`` key (the stage metric's label) its duration adds to; None when
     its parts report it."""
-    parts: tuple[str, ...] = ()
+    parts: tuple[str, ...]
     """Finer keys measured within it (by the decoder, by the model worker)."""
+    does: str
+    """What its hooks do (the docs' stage table is generated from it)."""
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("decode", "decode", ("base64",)),  # the checks, labels resolved once, the images
-    Stage("plan", "decode"),  # the profiles the method needs: a read of the replica's copy
-    Stage("run", None, ("queue", "process", "forward", "score")),  # through the worker
-    Stage("debias", "debias"),  # the method on the evidence (calibrate: B and P)
-    Stage("encode", "encode"),  # the wire answer, what is kept of it
+    Stage(
+        "decode",
+        "decode",
+        ("base64",),
+        "the checks before the queue (query, N, the labels resolved once per N, the limits), "
+        "then base64 or multipart images to pixels, off the event loop (`base64` is its "
+        "base64 step)",
+    ),
+    Stage(
+        "plan",
+        "decode",
+        (),
+        "the profile of every N the method needs (a read of the replica's copy, its B and P "
+        "built once per version), or the operator's vanilla fallback, or 409; rerank: the "
+        "window and the rounds; calibrate: the rotated instances. Timed within `decode`",
+    ),
+    Stage(
+        "run",
+        None,
+        ("queue", "process", "forward", "score"),
+        "the instances through the one bounded queue (429 when full) into the worker's "
+        "adaptive batches: the model's processor, one prompt forward with the attention rows "
+        "of Λ captured, the label trie's scores s; the batch's times",
+    ),
+    Stage(
+        "debias",
+        "debias",
+        (),
+        "the method's math on (s, a) and the profile (pure numpy); calibrate: B and P; "
+        "refresh: the blend and its accuracy guard",
+    ),
+    Stage(
+        "encode",
+        "encode",
+        (),
+        "the wire answer, and what is kept of it (the evidence for feedback, a new profile "
+        "version)",
+    ),
 )
 """The stages of every request, in order: the one definition of their names."""
 
