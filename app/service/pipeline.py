@@ -213,11 +213,12 @@ class Pipeline:
             if stage.timed_as is not None:
                 ctx.add(stage.timed_as, ms_since(start))
         assert response is not None
+        timings = {key: ctx.timings[key] for key in TIMINGS if key in ctx.timings}
         wire = handler.timings_of(response)
         if wire is not None:
             wire.clear()
-            wire.update(ctx.timings)
-        self.metrics.observe_stages(ctx.timings, ctx.method)
+            wire.update(timings)
+        self.metrics.observe_stages(timings, ctx.method)
         handler.observe(ctx, response)
         return response
 

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from app.demo.world import RetrievalExample, make_items
 from app.main import create_app
-from app.settings import Settings
 from app.service.pipeline import TIMINGS
+from app.settings import Settings
 from calibration_store import open_store
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.integration.service.tracing import Trace, traced
