@@ -94,7 +94,8 @@ class UnsupportedImage(ServiceError):
     code, status = "unsupported_image", 422
     meaning = (
         "an image decodes but its aspect ratio is beyond LAD_MAX_ASPECT_RATIO, or its header "
-        "holds more segments, chunks or metadata than any real image (app/image_headers.py)"
+        "holds more segments, chunks or metadata than any real image "
+        "(app/service/decode/headers.py)"
     )
 
 

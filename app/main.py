@@ -28,7 +28,7 @@ from app.errors import install_error_handlers
 from app.observability.metrics import Metrics
 from app.observability.request_metrics import RequestMetricsMiddleware
 from app.service import Service
-from app.service.profiles import legacy_profiles_note
+from app.service.profile_service import legacy_profiles_note
 from app.settings import Settings
 from calibration_store import OnlineStore, ProfileStore, open_online_store, open_store
 

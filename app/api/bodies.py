@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +25,9 @@ from python_multipart.multipart import MAX_BOUNDARY_LENGTH, MultipartState, pars
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
+import lad_client.types as wire
 from app import errors
-from app.decode import TRIM_AFTER_BYTES, release_memory
+from app.service.decode import TRIM_AFTER_BYTES, parse_label_text, release_memory
 from lad_client.routes import BY_NAME, JSON, Route, find
 
 
@@ -346,25 +347,22 @@ def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimi
     )
 
 
-async def read_query_body(
-    request: Request,
-    settings: Any,
-    *,
-    json_model: Any,
-    options_model: Any,
-    files_field: str,
-    max_files: int,
-    form_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> tuple[Any, str, list[str | bytes]]:
-    """The body of a query route (retrieve, rerank), JSON or multipart/form-data:
-    (options, query, the ``files_field`` images in order). The JSON body is its own
-    options; a form's text options pass through ``form_fields`` (if given) first."""
+async def read_query_body(request: Request, settings: Any) -> tuple[Any, str, list[str | bytes]]:
+    """The body of a query route (retrieve, rerank), JSON or multipart/form-data, as its
+    route table entry describes it (models, the files' field and their limit): (options,
+    query, the images in order). The JSON body is its own options (its images as sent); a
+    form's label text is read by the service's one label-text parser."""
+    route = table_route(request)
+    assert route.request and route.form_files and route.form_options and route.file_limit
     if is_json(accepted_media_type(request)):
-        body = await read_json(request, json_model)
-        return body, body.query, list(getattr(body, files_field))
+        body = await read_json(request, getattr(wire, route.request))
+        return body, body.query, list(getattr(body, route.form_files))
+    options_model = getattr(wire, route.form_options)
     option_fields = tuple(options_model.model_fields)
-    limits = query_form_limits(settings, max_files, len(option_fields))
-    raw, query, files = split_form(await read_form(request, limits), files_field, option_fields)
-    if form_fields is not None:
-        raw = form_fields(raw)
+    limits = query_form_limits(settings, getattr(settings, route.file_limit), len(option_fields))
+    form = await read_form(request, limits)
+    raw, query, files = split_form(form, route.form_files, option_fields)
+    if route.form_labels and "labels" in raw:
+        labels = parse_label_text(raw["labels"])
+        raw["labels"] = labels if isinstance(labels, str) else list(labels)
     return form_options(options_model, raw), query, files

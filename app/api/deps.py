@@ -1,4 +1,5 @@
-"""Typed dependencies: the service, the settings and the two optional bearer tokens.
+"""Typed dependencies: the service, each feature's handler, the settings and the two
+optional bearer tokens.
 
 All ``async def``: none of them blocks, and FastAPI runs a plain ``def`` dependency in
 its thread pool, two thread hand-offs per dependency on every request."""
@@ -15,6 +16,7 @@ from pydantic import SecretStr
 from app import errors
 from app.observability import logs
 from app.service import Service
+from app.service.handlers import Calibrate, Feedback, Profiles, Refresh, Rerank, Retrieve
 from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="LAD_RETRIEVE_TOKEN or LAD_ADMIN_TOKEN")
@@ -34,6 +36,39 @@ async def get_service(request: Request) -> Service:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+async def _retrieve(service: ServiceDep) -> Retrieve:
+    return service.handlers.retrieve
+
+
+async def _rerank(service: ServiceDep) -> Rerank:
+    return service.handlers.rerank
+
+
+async def _calibrate(service: ServiceDep) -> Calibrate:
+    return service.handlers.calibrate
+
+
+async def _feedback(service: ServiceDep) -> Feedback:
+    return service.handlers.feedback
+
+
+async def _refresh(service: ServiceDep) -> Refresh:
+    return service.handlers.refresh
+
+
+async def _profiles(service: ServiceDep) -> Profiles:
+    return service.handlers.profiles
+
+
+RetrieveDep = Annotated[Retrieve, Depends(_retrieve)]
+RerankDep = Annotated[Rerank, Depends(_rerank)]
+CalibrateDep = Annotated[Calibrate, Depends(_calibrate)]
+FeedbackDep = Annotated[Feedback, Depends(_feedback)]
+RefreshDep = Annotated[Refresh, Depends(_refresh)]
+ProfilesDep = Annotated[Profiles, Depends(_profiles)]
+"""Each route's handler (the service must be ready: ``get_service``)."""
 
 
 def _check_token(

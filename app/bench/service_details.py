@@ -12,17 +12,11 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-SERVER_STAGES = (
-    "base64",
-    "image_decode",
-    "queue",
-    "process",
-    "forward",
-    "score",
-    "debias",
-    "encode",
-)
-"""What the server times, disjoint: image_decode = decode - base64 (decode includes it)."""
+from app.service.pipeline import TIMINGS
+
+SERVER_STAGES = tuple("image_decode" if key == "decode" else key for key in TIMINGS)
+"""What the server times (``timings_ms``' keys, from the service's one tuple of stages),
+disjoint: image_decode = decode - base64 (decode includes it)."""
 FIXED_STAGES = ("http_json", "base64", "image_decode", "process", "encode")
 """The fixed path of a request: what it costs around the model, however fast the model."""
 

@@ -13,7 +13,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-ENGINE_STAGES = ("forward", "score", "debias")
+from app.service.pipeline import TIMINGS
+
+ENGINE_STAGES = tuple(key for key in TIMINGS if key in ("forward", "score", "debias"))
+"""The ``timings_ms`` keys of the model and the method (the engine's share of a request)."""
 
 
 @dataclass

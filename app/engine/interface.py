@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from PIL import Image
 
-from app.engine.labels import LabelSpec
+from app.engine.labels import Labels, LabelSpec
 
 if TYPE_CHECKING:
     from calibration_store.profile import Fingerprint
@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RetrievalItem:
-    """One retrieval instance: a text query and its N candidate images, in order."""
+    """One retrieval instance: a text query and its N candidate images, in order, with the
+    labels of those N as the service resolved them (None: the runner resolves the label
+    spec it is given, for callers outside the service)."""
 
     query: str
     images: Sequence[Image.Image]
+    labels: Labels | None = None
 
 
 @dataclass
@@ -77,7 +80,7 @@ class RunnerLike(Protocol):
         """The labels' token trie (raises ValueError when the labels cannot be scored)."""
         ...
 
-    def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
+    def fingerprint(self, labels: LabelSpec | Labels, n: int) -> Fingerprint:
         """The engine configuration a profile for (labels, N) is valid for."""
         ...
 

@@ -46,7 +46,7 @@ from app.engine.head import install_label_head, label_head
 from app.engine.identity import config_hash, weights_hash
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.kv_cache import cache_argument, cache_entry
-from app.engine.labels import LabelSpec, resolve_labels, scheme_name
+from app.engine.labels import Labels, LabelSpec, resolve_labels, scheme_name
 from app.engine.prompts import prompt_hash, prompt_text
 from app.engine.trie import LabelTrie, StepFn, score_label_tries
 from calibration_store.profile import Fingerprint
@@ -152,16 +152,30 @@ class Runner:
         return self.adapter.capture
 
     # ---- prompts and labels -------------------------------------------------------------
-    def prompts(self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits") -> list[str]:
+    @staticmethod
+    def item_labels(items: Sequence[RetrievalItem], labels: LabelSpec) -> list[Sequence[str]]:
+        """Each item's label strings: the ones it carries (resolved once, by the service),
+        else ``labels`` resolved for its N (callers that pass a spec only)."""
+        return [
+            item.labels.strings
+            if item.labels is not None
+            else resolve_labels(labels, len(item.images))
+            for item in items
+        ]
+
+    def prompts(
+        self,
+        items: Sequence[RetrievalItem],
+        labels: LabelSpec = "digits",
+        strings: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
         """The rendered chat prompt of each item (N images first, then the §2.6 text)."""
+        strings = self.item_labels(items, labels) if strings is None else strings
         return [
             self.adapter.render(
-                len(item.images),
-                prompt_text(
-                    item.query, resolve_labels(labels, len(item.images)), self.prompt_variant
-                ),
+                len(item.images), prompt_text(item.query, item_strings, self.prompt_variant)
             )
-            for item in items
+            for item, item_strings in zip(items, strings, strict=True)
         ]
 
     def label_trie(self, labels: Sequence[str]) -> LabelTrie:
@@ -194,8 +208,14 @@ class Runner:
         """The size the model's processor gives a width x height image (None: unknown)."""
         return self.adapter.image_size_for(width, height)
 
-    def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
-        resolve_labels(labels, n)  # same validation as forward
+    def fingerprint(self, labels: LabelSpec | Labels, n: int) -> Fingerprint:
+        """The engine configuration a profile for (labels, N) is valid for; resolved labels
+        give their scheme name, a spec is validated as forward would."""
+        if isinstance(labels, Labels):
+            scheme = labels.scheme
+        else:
+            resolve_labels(labels, n)
+            scheme = scheme_name(labels)
         return Fingerprint(
             model_id=self.model_id,
             model_revision=self.revision,
@@ -203,16 +223,22 @@ class Runner:
             attention_backend=f"{self.attention_backend}({_KERNELS[self.capture]})",
             capture=self.capture,
             prompt_hash=prompt_hash(self.prompt_variant, self.adapter.chat_template()),
-            label_scheme=scheme_name(labels),
+            label_scheme=scheme,
             n=int(n),
             config_hash=self.config_hash,
             weights_hash=self.weights_hash,
         )
 
     # ---- the forward ----------------------------------------------------------------------
-    def process(self, items: Sequence[RetrievalItem], labels: LabelSpec = "digits") -> PromptBatch:
+    def process(
+        self,
+        items: Sequence[RetrievalItem],
+        labels: LabelSpec = "digits",
+        strings: Sequence[Sequence[str]] | None = None,
+    ) -> PromptBatch:
         """Processor output for the batch, on the model's device (pixels in its dtype)."""
-        batch = self.adapter.process(self.prompts(items, labels), [list(i.images) for i in items])
+        prompts = self.prompts(items, labels, strings)
+        batch = self.adapter.process(prompts, [list(i.images) for i in items])
         return batch.to(self.device, self.dtype)
 
     def forward(
@@ -227,10 +253,11 @@ class Runner:
         for item in items:
             if not item.images:
                 raise ValueError("every item needs at least one image")
-        tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
+        strings = self.item_labels(items, labels)
+        tries = [self.label_trie(item_strings) for item_strings in strings]
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            batch = self.process(items, labels)
+            batch = self.process(items, labels, strings)
             process_ms = (time.perf_counter() - start) * 1e3
             self._check_context(batch, tries)
             result = self._forward_processed(batch, tries)
@@ -255,10 +282,11 @@ class Runner:
         """The shadow measurement: the same prompt forward as ``forward`` (same folding,
         same kept logits) with nothing captured, i.e. what a plain SDPA model would run.
         Returns its ``process`` and ``forward`` milliseconds; no scores."""
-        tries = [self.label_trie(resolve_labels(labels, len(item.images))) for item in items]
+        strings = self.item_labels(items, labels)
+        tries = [self.label_trie(item_strings) for item_strings in strings]
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
-            batch = self.process(items, labels)
+            batch = self.process(items, labels, strings)
             processed = time.perf_counter()
             chains = [chain_path(t) for t in tries]
             with label_head(_choice_tokens(tries)):

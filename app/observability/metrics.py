@@ -5,11 +5,12 @@ and the dashboard read exactly those). Each app owns its own CollectorRegistry, 
 apps in one process (tests, two replicas) never collide.
 
 Labels: ``http_method`` is the HTTP verb; ``method`` is always a retrieval method (agd,
-vanilla, ...), empty where none applies. Stage names are the pipeline's: decode, queue,
-forward, score, debias, encode. ``lad_debias_overhead_ratio`` is (score + debias) / forward
-per request, forward and score being the request's share of its batch; the attention-row
-capture runs inside the forward and is measured apart, on a sample of batches, by the
-shadow forward (``lad_debias_latency_overhead_ratio``, app.service.shadow).
+vanilla, ...), empty where none applies. Stage names are the keys of ``timings_ms`` as the
+service's stage runner reports them (``app.service.pipeline.TIMINGS``, from its one tuple
+of stages). ``lad_debias_overhead_ratio`` is (score + debias) / forward per request,
+forward and score being the request's share of its batch; the attention-row capture runs
+inside the forward and is measured apart, on a sample of batches, by the shadow forward
+(``lad_debias_latency_overhead_ratio``, app.service.shadow).
 
 Label values that panels and alerts select (error codes, calibration outcomes, fallback
 methods and N, store operations) are created at 0, so a quiet service shows 0, not
@@ -51,16 +52,6 @@ from app.observability.collectors import (
 
 prometheus_client.disable_created_metrics()
 
-STAGES: tuple[str, ...] = (
-    "decode",
-    "base64",
-    "queue",
-    "process",
-    "forward",
-    "score",
-    "debias",
-    "encode",
-)
 STORE_OPERATIONS: tuple[str, ...] = (
     "get",
     "put",
@@ -286,11 +277,9 @@ class Metrics:
 
     # ------------------------------------------------------------------ observations
     def observe_stages(self, timings_ms: dict[str, float], method: str) -> None:
-        for stage in STAGES:
-            if stage in timings_ms:
-                self.stage_duration.labels(stage=stage, method=method).observe(
-                    timings_ms[stage] / 1000.0
-                )
+        """One observation per stage key the service's stage runner timed."""
+        for stage, ms in timings_ms.items():
+            self.stage_duration.labels(stage=stage, method=method).observe(ms / 1000.0)
 
     def observe_answer(
         self,

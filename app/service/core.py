@@ -1,48 +1,29 @@
-"""The service: the one entry point of the routes, one method per route, each one handler.
+"""The service: one model, one queue, one store, and the handler of every feature.
 
 `Service` builds the request pipeline (``app.service.pipeline``: the model worker with its
-one queue and thread, the decoder, the profiles, the method configuration) and the online
-calibration loop, reports readiness, and hands each route's wire schemas to that feature's
-handler (``app.service.handlers``). Routes parse and authorize, then call one method here.
+one queue and thread, the decoder, the profiles, the method configuration), the online
+calibration loop and one handler per feature (``app.service.handlers``), and reports
+readiness. Routes parse and authorize, then call their handler, which they get through a
+dependency (``app.api.deps``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-import app.service.handlers as handlers
-from app.decode import ImageInput
 from app.engine.interface import RunnerLike
 from app.observability.metrics import Metrics
-from app.service.feedback import OnlineService
+from app.service.handlers import Handlers
+from app.service.online import OnlineService
 from app.service.pipeline import Pipeline
-from app.service.profiles import ProfileService
+from app.service.profile_service import ProfileService
 from app.settings import Settings
 from calibration_store import OnlineStore, ProfileStore
 from calibration_store.evidence import MemoryOnlineStore
-from lad_client.types import (
-    CalibrateRequest,
-    CalibrateResponse,
-    FeedbackRequest,
-    FeedbackResponse,
-    ModelCard,
-    ModelList,
-    ProfileDeleted,
-    ProfileList,
-    ProfileRolledBack,
-    ProfileSummary,
-    Readiness,
-    RefreshResponse,
-    RerankOptions,
-    RerankResponse,
-    RetrieveOptions,
-    RetrieveResponse,
-    SentDocument,
-)
+from lad_client.types import ModelCard, ModelList, Readiness
 
 _PUBLIC_STORE_HEALTH = (
     "backend",
@@ -83,8 +64,8 @@ class Service:
             or MemoryOnlineStore(
                 ttl_s=settings.evidence_ttl_s, max_entries=settings.evidence_max_entries
             ),
-            self.pipeline.method_config,
         )
+        self.handlers = Handlers.build(self.pipeline, self.online)
         metrics.set_model_info(self.model_info())
         metrics.watch_store(store.health)
 
@@ -141,44 +122,6 @@ class Service:
     def stop(self) -> None:
         self.worker.stop()
 
-    # -------------------------------------------------------------------- the routes' handlers
-    async def retrieve(
-        self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
-    ) -> RetrieveResponse:
-        return await handlers.retrieve.retrieve(self.pipeline, self.online, options, query, images)
-
-    async def rerank(
-        self,
-        options: RerankOptions,
-        query: str,
-        documents: Sequence[ImageInput],
-        sent: Sequence[SentDocument] | None = None,
-    ) -> RerankResponse:
-        return await handlers.rerank.rerank(self.pipeline, options, query, documents, sent)
-
     def models(self) -> ModelList:
         """The one served model (OpenAI's list shape)."""
         return ModelList(data=[ModelCard(id=self.model_id, created=self.created)])
-
-    async def calibrate(self, request: CalibrateRequest) -> CalibrateResponse:
-        return await handlers.calibrate.calibrate(self.pipeline, request)
-
-    async def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
-        return await handlers.feedback.feedback(self.online, body)
-
-    async def refresh(self, name: str, labels: str, n: int, force: bool) -> RefreshResponse:
-        return await handlers.feedback.refresh(self.online, name, labels, n, force)
-
-    async def list_profiles(self) -> ProfileList:
-        return await handlers.profiles.list_profiles(self.online)
-
-    async def profile(self, name: str) -> ProfileSummary:
-        return await handlers.profiles.detail(self.online, name)
-
-    async def delete_profile(self, name: str, labels: str, n: int) -> ProfileDeleted:
-        return await handlers.profiles.delete(self.online, name, labels, n)
-
-    async def rollback_profile(
-        self, name: str, labels: str, n: int, version: int | None
-    ) -> ProfileRolledBack:
-        return await handlers.profiles.rollback(self.online, name, labels, n, version)

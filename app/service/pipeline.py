@@ -1,13 +1,15 @@
-"""The one request pipeline between HTTP and the engine: decode -> plan -> run -> debias ->
-encode, as stages over a per-request context.
+"""The one request pipeline between HTTP and the engine, for every feature: the stages
+(``STAGES``, defined here once), the per-request ``Context``, the ``Handler`` whose hooks a
+feature supplies, and the runner (``Pipeline.serve``) that runs, times and counts them.
 
-``Pipeline`` holds what every handler shares (the settings, the runner, the decoder, the
-model worker, the profiles, the method configuration, the metrics) and the stages that more
-than one feature runs: the labels (resolved once per request and N), the plan (the profiles
-a method needs, and the one vanilla fallback), the run's instances (through the worker's
-queue, whose evidence is cast to float64 once, there) and the debias step (the one
-``apply_method`` call of the service). A handler in ``app.service.handlers`` strings the
-stages together for its feature and encodes its own wire schema; numpy arrays and engine
+decode -> plan -> run -> debias -> encode. A stage's name is its hook's name; its time goes
+into ``timings_ms`` and the ``stage`` label of ``lad_stage_duration_seconds`` under the keys
+``TIMINGS`` derives from the same tuple. ``Pipeline`` also holds what every handler shares
+(the settings, the runner, the decoder, the model worker, the profiles, the method
+configuration, the metrics) and the steps more than one feature takes: the labels (resolved
+once per request and N), the plan (the profiles a method needs, or the one vanilla
+fallback), the run through the worker's queue (its evidence is float64 from the worker on)
+and the debias step (the one ``apply_method`` call of the service). Numpy arrays and engine
 dataclasses never leave the service package.
 """
 
@@ -16,20 +18,84 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from PIL import Image
 
 from app import errors
-from app.decode import Decoder, ImageInput
 from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels
 from app.method import debias
+from app.method.calibrate import Calibration
 from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
 from app.observability.metrics import Metrics
-from app.service.profiles import ProfileService, calibration_of
+from app.service.decode import Decoder
+from app.service.profile_service import ProfileService
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
 from calibration_store import Profile, ProfileKey
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of every request: its hook's name and where its time is reported."""
+
+    name: str
+    timed_as: str | None
+    """The ``timings_ms`` key (the stage metric's label) its duration adds to; None when
+    its parts report it."""
+    parts: tuple[str, ...]
+    """Finer keys measured within it (by the decoder, by the model worker)."""
+    does: str
+    """What its hooks do (the docs' stage table is generated from it)."""
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "decode",
+        "decode",
+        ("base64",),
+        "the checks before the queue (query, N, the labels resolved once per N, the limits), "
+        "then base64 or multipart images to pixels, off the event loop (`base64` is its "
+        "base64 step)",
+    ),
+    Stage(
+        "plan",
+        "decode",
+        (),
+        "the profile of every N the method needs (a read of the replica's copy, its B and P "
+        "built once per version), or the operator's vanilla fallback, or 409; rerank: the "
+        "window and the rounds; calibrate: the rotated instances. Timed within `decode`",
+    ),
+    Stage(
+        "run",
+        None,
+        ("queue", "process", "forward", "score"),
+        "the instances through the one bounded queue (429 when full) into the worker's "
+        "adaptive batches: the model's processor, one prompt forward with the attention rows "
+        "of Λ captured, the label trie's scores s; the batch's times",
+    ),
+    Stage(
+        "debias",
+        "debias",
+        (),
+        "the method's math on (s, a) and the profile (pure numpy); calibrate: B and P; "
+        "refresh: the blend and its accuracy guard",
+    ),
+    Stage(
+        "encode",
+        "encode",
+        (),
+        "the wire answer, and what is kept of it (the evidence for feedback, a new profile "
+        "version)",
+    ),
+)
+"""The stages of every request, in order: the one definition of their names."""
+
+TIMINGS: tuple[str, ...] = tuple(
+    dict.fromkeys(key for stage in STAGES for key in (stage.timed_as, *stage.parts) if key)
+)
+"""The keys of ``timings_ms`` and the values of the stage metric's ``stage`` label."""
 
 
 def ms_since(since: float) -> float:
@@ -38,25 +104,23 @@ def ms_since(since: float) -> float:
 
 @dataclass
 class Context:
-    """One retrieval on its way through the stages; each stage fills its fields."""
+    """One request on its way through the stages, whatever its feature; each stage's hook
+    fills its fields (a feature's own fields live in a subclass)."""
 
-    query: str
-    images: Sequence[ImageInput]
-    method: str  # as requested; after ``plan`` the one that runs
-    profile: str
-    return_details: bool = False
+    method: str = ""  # the retrieval method as requested; after plan the one that runs
     started: float = field(default_factory=time.perf_counter)
-    timings: dict[str, float] = field(default_factory=dict)
-    labels: Labels | None = None  # decode: resolved once
-    pil: list[Image.Image] = field(default_factory=list)  # decode
-    stored: Profile | None = None  # plan
+    timings: dict[str, float] = field(default_factory=dict)  # TIMINGS keys only
+    labels: dict[int, Labels] = field(default_factory=dict)  # decode: once per N
+    images: list[Image.Image] = field(default_factory=list)  # decode
+    profiles: dict[int, Profile] = field(default_factory=dict)  # plan: per N
+    calibrations: dict[int, Calibration] = field(default_factory=dict)  # plan: their B and P
     fallback_for: str | None = None  # plan: the method the operator's fallback replaced
-    results: list[WorkResult] = field(default_factory=list)  # run: one per rotation
-    out: MethodOutput | None = None  # debias
+    results: list[WorkResult] = field(default_factory=list)  # run
 
-    @property
-    def n(self) -> int:
-        return len(self.images)
+    def add(self, key: str, ms: float) -> None:
+        """Add ``ms`` to a timing (a stage may take several steps: rerank's rounds)."""
+        assert key in TIMINGS, key
+        self.timings[key] = self.timings.get(key, 0.0) + ms
 
 
 @dataclass(frozen=True)
@@ -65,11 +129,49 @@ class Plan:
 
     method: str
     profiles: dict[int, Profile]
+    calibrations: dict[int, Calibration]
     fallback_for: str | None = None
 
 
+C = TypeVar("C", bound=Context)
+R = TypeVar("R")
+
+
+class Handler(Generic[C, R]):
+    """A feature's hooks, one per stage (``STAGES``' names), which ``Pipeline.serve`` calls
+    in order; a stage the feature does not have keeps the hook that does nothing. Only
+    ``encode`` answers (the wire response)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def decode(self, ctx: C) -> None:
+        return None
+
+    async def plan(self, ctx: C) -> None:
+        return None
+
+    async def run(self, ctx: C) -> None:
+        return None
+
+    async def debias(self, ctx: C) -> None:
+        return None
+
+    async def encode(self, ctx: C) -> R:
+        raise NotImplementedError
+
+    def timings_of(self, response: R) -> dict[str, float] | None:
+        """The response's ``timings_ms`` (None: its wire shape has none)."""
+        return None
+
+    def observe(self, ctx: C, response: R) -> None:
+        """The feature's own metrics once it answered (the stages are counted already)."""
+        return None
+
+
 class Pipeline:
-    """The shared parts and stages of every handler (one model, one queue, one store)."""
+    """The shared parts and steps of every handler (one model, one queue, one store) and
+    the stage runner."""
 
     def __init__(
         self, settings: Settings, runner: RunnerLike, profiles: ProfileService, metrics: Metrics
@@ -97,6 +199,29 @@ class Pipeline:
     def model_id(self) -> str:
         return str(self.runner.model_id)
 
+    # -------------------------------------------------------------------- the runner
+    async def serve(self, handler: Handler[C, R], ctx: C) -> R:
+        """Every stage's hook in order, each timed under its key; on success the stages
+        are counted (``lad_stage_duration_seconds``) and the feature observes its own."""
+        response: R | None = None
+        for stage in STAGES:
+            start = time.perf_counter()
+            if stage.name == "encode":
+                response = await handler.encode(ctx)
+            else:
+                await getattr(handler, stage.name)(ctx)
+            if stage.timed_as is not None:
+                ctx.add(stage.timed_as, ms_since(start))
+        assert response is not None
+        timings = {key: ctx.timings[key] for key in TIMINGS if key in ctx.timings}
+        wire = handler.timings_of(response)
+        if wire is not None:
+            wire.clear()
+            wire.update(timings)
+        self.metrics.observe_stages(timings, ctx.method)
+        handler.observe(ctx, response)
+        return response
+
     # -------------------------------------------------------------------- decode
     def labels(self, n: int, value: str | Sequence[str], where: str) -> Labels:
         """N within limits and labels the model can score, within the label limits, resolved
@@ -121,18 +246,27 @@ class Pipeline:
         refuse: Callable[[list[int]], errors.ServiceError],
     ) -> Plan:
         """Blocking (a store read): the current profile of every N in ``labels`` when the
-        method needs one. Missing ones fall back to vanilla when LAD_FALLBACK_TO_VANILLA is
-        on (counted and logged by the caller as such, never hidden), else ``refuse(missing)``
-        is raised (409 naming what to calibrate)."""
+        method needs one, with its B and P (built once per profile version). Missing ones
+        fall back to vanilla when LAD_FALLBACK_TO_VANILLA is on (counted and logged by the
+        caller as such, never hidden), else ``refuse(missing)`` is raised (409 naming what
+        to calibrate)."""
         if method not in NEEDS_CALIBRATION:
-            return Plan(method, {})
+            return Plan(method, {}, {})
         found = {lab.n: self.profiles.serving(self.key(profile, lab)) for lab in labels}
         missing = [n for n, p in found.items() if p is None]
         if missing and self.settings.fallback_to_vanilla:
-            return Plan("vanilla", {}, fallback_for=method)
+            return Plan("vanilla", {}, {}, fallback_for=method)
         if missing:
             raise refuse(missing)
-        return Plan(method, {n: p for n, p in found.items() if p is not None})
+        profiles = {n: p for n, p in found.items() if p is not None}
+        calibrations = {n: self.profiles.calibration(p) for n, p in profiles.items()}
+        return Plan(method, profiles, calibrations)
+
+    @staticmethod
+    def adopt(ctx: Context, plan: Plan) -> None:
+        """The plan's method, profiles and fallback into the context."""
+        ctx.method, ctx.fallback_for = plan.method, plan.fallback_for
+        ctx.profiles, ctx.calibrations = plan.profiles, plan.calibrations
 
     # -------------------------------------------------------------------- run
     @staticmethod
@@ -140,15 +274,28 @@ class Pipeline:
         query: str, images: Sequence[Image.Image], labels: Labels, rotations: int
     ) -> list[Work]:
         """The first ``rotations`` cyclic orders of the images (1 = as given), one instance
-        each, in rotation order."""
+        each, in rotation order, with their resolved labels."""
         return [
-            Work(RetrievalItem(query, [images[p] for p in order]), labels.spec)
+            Work(RetrievalItem(query, [images[p] for p in order], labels))
             for order in debias.rotations(len(images))[:rotations]
         ]
 
+    async def forward(self, ctx: Context, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:
+        """The works through the worker's queue; the run stage's parts (queue, process,
+        forward, score) added to the context's timings."""
+        submitted = time.perf_counter()
+        results = await self.worker.run(works, bulk=bulk)
+        if results:
+            batches = {r.batch_id: r for r in results}.values()
+            ctx.add("queue", max(0.0, (min(r.started for r in results) - submitted) * 1e3))
+            ctx.add("process", sum(r.process_ms for r in batches))
+            ctx.add("forward", sum(r.forward_ms for r in batches))
+            ctx.add("score", sum(r.score_ms for r in batches))
+        return results
+
     # -------------------------------------------------------------------- debias
     def debias(
-        self, method: str, results: Sequence[WorkResult], profile: Profile | None
+        self, method: str, results: Sequence[WorkResult], calibration: Calibration | None
     ) -> MethodOutput:
         """The method applied to one instance's evidence (``results``: its rotations, the
         identity first; perm_avg reads all of them)."""
@@ -156,7 +303,7 @@ class Pipeline:
             method,
             results[0].scores,
             results[0].attention,
-            calibration_of(profile) if profile else None,
+            calibration,
             self.method_config,
             rotated_scores=[r.scores for r in results],
         )

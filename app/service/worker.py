@@ -26,15 +26,23 @@ from app.settings import Settings
 
 @dataclass(frozen=True)
 class Work:
-    """One forward-pass instance in the queue: the engine item and its label spec."""
+    """One forward-pass instance in the queue: the engine item, which carries its labels as
+    the decode stage resolved them (the runner reads them; nothing resolves them again)."""
 
     item: RetrievalItem
-    labels: LabelSpec
+
+    @property
+    def spec(self) -> LabelSpec:
+        """The labels value as sent: instances that share it share a forward call (their
+        N may differ, as rerank's windows do)."""
+        assert self.item.labels is not None, "a Work carries resolved labels"
+        return self.item.labels.spec
 
 
 @dataclass
 class WorkResult:
-    """The evidence of one instance, with the timings of the batch it ran in."""
+    """The evidence of one instance, with the timings of the batch it ran in. ``scores`` and
+    ``attention`` are float64 from here on (cast once, in ``forward_batch``)."""
 
     scores: np.ndarray  # s (N,)
     attention: np.ndarray  # a (|Λ|, N)
@@ -90,10 +98,11 @@ class ModelWorker:
         results: list[WorkResult | None] = [None] * len(batch)
         groups: dict[LabelSpec, list[int]] = {}
         for i, work in enumerate(batch):
-            groups.setdefault(work.labels, []).append(i)
+            groups.setdefault(work.spec, []).append(i)
         for labels, idx in groups.items():
             out = self.runner.forward([batch[i].item for i in idx], labels=labels)
-            self.shadow.offer([batch[i].item for i in idx], labels, out.timings_ms)
+            if self.shadow.rate > 0:  # no sampler, no call
+                self.shadow.offer([batch[i].item for i in idx], labels, out.timings_ms)
             tokens = out.prompt_tokens or [None] * len(idx)
             for j, i in enumerate(idx):
                 results[i] = WorkResult(

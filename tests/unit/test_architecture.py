@@ -33,8 +33,6 @@ LAYERS: list[tuple[str, ...]] = [
         "app.cli_help",
         "app.errors",
         "app.budget",
-        "app.decode",
-        "app.image_headers",
     ),
     ("app.observability",),
     ("app.service",),
@@ -155,7 +153,7 @@ def test_the_design_page_draws_these_layers_in_this_order() -> None:
 def test_the_wire_path_and_the_app_factory_import_without_torch() -> None:
     code = (
         "import sys\n"
-        "import lad_client, lad_client.types, app.decode, app.errors, app.settings\n"
+        "import lad_client, lad_client.types, app.service.decode, app.errors, app.settings\n"
         "import app.engine.labels, app.method.methods, app.method.calibrate, app.main\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

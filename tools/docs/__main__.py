@@ -5,6 +5,7 @@ families  docs/models.md family table (the adapter registry)
 bench     docs/benchmarks.md tables (the JSON records under bench/results/)
 exits     docs/operations.md table of `lad serve` exit statuses (app.serve.EXIT_CODES)
 matrix    docs/models.md model matrix (app/testing/model_matrix.json)
+stages    docs/design.md stage table (app.service.pipeline.STAGES)
 all       every block above, with the same flag
 
 No flag prints the block(s); ``--write`` rewrites the page in place; ``--check`` exits 1 when
@@ -22,6 +23,7 @@ GENERATORS: dict[str, str] = {
     "bench": "tools.docs.bench_tables",
     "exits": "tools.docs.exit_codes",
     "matrix": "tools.docs.model_matrix",
+    "stages": "tools.docs.stages",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app.api.bodies import read_json
-from app.api.deps import ServiceDep
+from app.api.deps import CalibrateDep
 from app.api.registry import register
 from lad_client.types import (
     CALIBRATE_EXAMPLE,
@@ -36,6 +36,6 @@ EXAMPLES = {
 
 
 @register(router, "calibrate", description=DESCRIPTION, json_examples=EXAMPLES)
-async def calibrate(request: Request, service: ServiceDep) -> CalibrateResponse:
+async def calibrate(request: Request, handler: CalibrateDep) -> CalibrateResponse:
     body: CalibrateRequest = await read_json(request, CalibrateRequest)
-    return await service.calibrate(body)
+    return await handler(body)

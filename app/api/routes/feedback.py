@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from app.api.bodies import read_json
-from app.api.deps import ServiceDep
+from app.api.deps import FeedbackDep, RefreshDep
 from app.api.registry import register
 from app.api.routes.profiles import LabelsParam, NameParam, NParam
 from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
@@ -24,19 +24,19 @@ ForceParam = Annotated[
 
 
 @register(router, "feedback")
-async def feedback(request: Request, service: ServiceDep) -> FeedbackResponse:
+async def feedback(request: Request, handler: FeedbackDep) -> FeedbackResponse:
     """Adds the retrieval's evidence (kept LAD_EVIDENCE_TTL_S) to its profile's feedback
     statistics, once per request id; a repeat answers `counted: false`."""
     body: FeedbackRequest = await read_json(request, FeedbackRequest)
-    return await service.feedback(body)
+    return await handler(body)
 
 
 @register(router, "refresh_profile")
 async def refresh_profile(
     name: NameParam,
     n: NParam,
-    service: ServiceDep,
+    handler: RefreshDep,
     labels: LabelsParam = "digits",
     force: ForceParam = False,
 ) -> RefreshResponse:
-    return await service.refresh(name, labels, n, force)
+    return await handler(name, labels, n, force)

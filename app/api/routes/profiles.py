@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import ServiceDep
+from app.api.deps import ProfilesDep
 from app.api.registry import register
 from app.engine.labels import STORED_TEXT_PATTERN
 from lad_client.types import (
@@ -48,28 +48,28 @@ VersionParam = Annotated[
 
 
 @register(router, "list_profiles")
-async def list_profiles(service: ServiceDep) -> ProfileList:
-    return await service.list_profiles()
+async def list_profiles(handler: ProfilesDep) -> ProfileList:
+    return await handler.list()
 
 
 @register(router, "get_profile")
-async def get_profile(name: NameParam, service: ServiceDep) -> ProfileSummary:
-    return await service.profile(name)
+async def get_profile(name: NameParam, handler: ProfilesDep) -> ProfileSummary:
+    return await handler.detail(name)
 
 
 @register(router, "delete_profile")
 async def delete_profile(
-    name: NameParam, n: NParam, service: ServiceDep, labels: LabelsParam = "digits"
+    name: NameParam, n: NParam, handler: ProfilesDep, labels: LabelsParam = "digits"
 ) -> ProfileDeleted:
-    return await service.delete_profile(name, labels, n)
+    return await handler.delete(name, labels, n)
 
 
 @register(router, "rollback_profile")
 async def rollback_profile(
     name: NameParam,
     n: NParam,
-    service: ServiceDep,
+    handler: ProfilesDep,
     labels: LabelsParam = "digits",
     version: VersionParam = None,
 ) -> ProfileRolledBack:
-    return await service.rollback_profile(name, labels, n, version)
+    return await handler.rollback(name, labels, n, version)

@@ -3,15 +3,13 @@ the same handler answers POST /v2/rerank (Cohere's ClientV2) and POST /rerank (v
 
 from __future__ import annotations
 
-import base64
-
 from fastapi import APIRouter, Request
 
 from app.api.bodies import read_query_body
-from app.api.deps import ServiceDep, SettingsDep
+from app.api.deps import RerankDep, SettingsDep
 from app.api.registry import Handler, register
 from lad_client.routes import RERANK_ALIASES
-from lad_client.types import RerankOptions, RerankRequest, RerankResponse
+from lad_client.types import RerankResponse
 
 router = APIRouter(tags=["rerank"])
 
@@ -42,25 +40,6 @@ def _register_everywhere(handler: Handler) -> Handler:
 
 
 @_register_everywhere
-async def rerank(request: Request, service: ServiceDep, settings: SettingsDep) -> RerankResponse:
-    options: RerankOptions
-    options, query, documents = await read_query_body(
-        request,
-        settings,
-        json_model=RerankRequest,
-        options_model=RerankOptions,
-        files_field="documents",
-        max_files=settings.max_rerank_candidates,
-    )
-    if isinstance(options, RerankRequest):  # documents in any accepted shape -> their images
-        documents = options.images()
-    sent = None
-    if options.return_documents:  # as sent; a form's file parts (bytes) in base64
-        sent = (
-            options.sent()
-            if isinstance(options, RerankRequest)
-            else [
-                d if isinstance(d, str) else base64.b64encode(d).decode("ascii") for d in documents
-            ]
-        )
-    return await service.rerank(options, query, documents, sent)
+async def rerank(request: Request, handler: RerankDep, settings: SettingsDep) -> RerankResponse:
+    options, query, documents = await read_query_body(request, settings)
+    return await handler(options, query, documents)

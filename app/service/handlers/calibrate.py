@@ -3,17 +3,17 @@ with known answers (design §2.3, §2.9).
 
 Calibration for one N is calibration for several N with one size: the examples' common N
 is the one size, and cutting an example of N candidates to N keeps it as it is (so its
-instances are the §2.3 rotations). decode (the checks, the labels of every N resolved once,
-the images) -> plan (every N's rotated instances) -> run (all of them in one bulk run
-through the queue, batches mixing N, in waves that leave room for retrieval) -> estimate
-(B and P per N) -> store (every N's new version in one ``put_many``: all current or none)
--> encode.
+instances are the §2.3 rotations). The stages of every request: decode (the store takes
+writes, the checks, the labels of every N resolved once, the images) -> plan (every N's
+rotated instances) -> run (all of them in one bulk run through the queue, batches mixing
+N, in waves that leave room for retrieval) -> debias (here: the estimate of B and P per N)
+-> encode (every N's new version in one ``put_many``: all current or none; the answer).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -27,9 +27,10 @@ from app.method.calibrate import (
     multi_n_instances,
     raw_position_share,
 )
+from app.method.calibration_diagnostics import calibration_diagnostics
+from app.method.methods import MethodConfig
 from app.observability import logs
-from app.service.feedback import calibration_record
-from app.service.pipeline import Pipeline
+from app.service.pipeline import Context, Handler, Pipeline, ms_since
 from calibration_store import Fingerprint, Profile
 from lad_client.types import CalibratedN, CalibrateRequest, CalibrateResponse
 
@@ -47,42 +48,22 @@ def requested_sizes(n: Sequence[int] | Literal["all"], candidates: int) -> list[
     return sizes
 
 
-def _common_n(p: Pipeline, request: CalibrateRequest) -> dict[int, Labels]:
-    """Without ``n``: the examples' common N (422 otherwise), after the retrieval checks."""
-    sizes = {len(ex.images) for ex in request.examples}
-    if len(sizes) != 1:
-        raise errors.InvalidCalibration(
-            f"all examples must have the same number of images N; got N in {sorted(sizes)}"
-        )
-    n = sizes.pop()
-    labels = p.labels(n, request.labels, "examples[*].images")
-    for m, ex in enumerate(request.examples):
-        p.decoder.query(ex.query, where=f"examples[{m}].query")
-        if ex.answer >= n:
-            raise errors.InvalidCalibration(
-                f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < N={n}"
-            )
-    return {n: labels}
-
-
-def _requested_n(p: Pipeline, request: CalibrateRequest) -> dict[int, Labels]:
-    """With ``n``: every requested N after the same checks (each example, each N)."""
-    assert request.n is not None
-    candidates = min(len(ex.images) for ex in request.examples)
-    sizes = requested_sizes(request.n, candidates)
-    for m, ex in enumerate(request.examples):
-        p.decoder.query(ex.query, where=f"examples[{m}].query")
-        if ex.answer >= len(ex.images):
-            raise errors.InvalidCalibration(
-                f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < "
-                f"{len(ex.images)}, the example's number of images"
-            )
-        p.labels(len(ex.images), request.labels, f"examples[{m}].images")
-    return {n: p.labels(n, request.labels, "n") for n in sizes}
+def calibration_record(
+    stats: CalibrationStats, scores: Any, attention: Any, gt: Any, config: MethodConfig
+) -> dict[str, Any]:
+    """What a calibration stores for online use: its offline sums ``stats`` (refresh blends
+    feedback into them), its provenance and its diagnostics (from the same evidence, no
+    extra pass)."""
+    n = stats.n
+    return {
+        "calibration_statistics": stats.to_dict(),
+        "provenance": {"source": "offline", "offline_examples": len(gt) // n},
+        "diagnostics": calibration_diagnostics(scores, attention, gt, n, config),
+    }
 
 
 def build_profile(
-    p: Pipeline,
+    pipeline: Pipeline,
     name: str,
     fingerprint: Fingerprint,
     scores: np.ndarray,
@@ -95,8 +76,8 @@ def build_profile(
     share, and what online calibration keeps (offline sums, provenance, diagnostics)."""
     stats = CalibrationStats.from_evidence(scores, attention, gt)
     calibration = estimate_from_stats(stats)
-    layers = list(p.runner.layers)
-    hyper = {**p.settings.method_hyperparameters(), "num_examples": num_examples, **extra}
+    layers = list(pipeline.runner.layers)
+    hyper = {**pipeline.settings.method_hyperparameters(), "num_examples": num_examples, **extra}
     return Profile.create(
         name=name,
         fingerprint=fingerprint,
@@ -108,98 +89,187 @@ def build_profile(
         hyperparameters=hyper,
         calibration_position_share=raw_position_share(scores),
         sink_layers=[layers[i] for i in calibration.sink_layers],
-        **calibration_record(stats, scores, attention, gt, p.method_config),
+        **calibration_record(stats, scores, attention, gt, pipeline.method_config),
     )
 
 
-async def _calibrate(p: Pipeline, request: CalibrateRequest, t0: float) -> CalibrateResponse:
-    logs.note(profile=request.profile)
-    await p.profiles.check_writable()  # before seconds of forward passes, not after
-    several = request.n is not None  # several N from the same examples (design §2.9)
-    labels = _requested_n(p, request) if several else _common_n(p, request)
-    sizes = sorted(labels)
-    fingerprints = {n: p.profiles.fingerprint(labels[n].spec, n) for n in sizes}
-    logs.note(n=sizes[-1], labels=fingerprints[sizes[-1]].label_scheme)
-    async with p.decoder.slot():
-        decoded = await run_in_threadpool(
-            lambda: [
-                p.decoder.images(ex.images, f"examples[{m}].images")
-                for m, ex in enumerate(request.examples)
-            ]
-        )
-    examples = [
-        (ex.query, pil, ex.answer) for ex, pil in zip(request.examples, decoded, strict=True)
-    ]
-    plan = multi_n_instances(examples, sizes, request.seed)
-    works = [w for n in sizes for q, images in plan[n][0] for w in p.works(q, images, labels[n], 1)]
-    results = iter(await p.worker.run(works, bulk=True))
-    extra = {"negatives_seed": request.seed, "candidates": min(len(x[1]) for x in examples)}
-    profiles = []
-    for n in sizes:
-        instances, gt = plan[n]
-        batch = [next(results) for _ in instances]
-        profiles.append(
-            build_profile(
-                p,
-                request.profile,
-                fingerprints[n],
-                np.stack([r.scores for r in batch]),
-                np.stack([r.attention for r in batch]),
-                gt,
-                len(request.examples),
-                extra if several else {},
+@dataclass
+class CalibrateContext(Context):
+    """One calibration: the request, its N, and every N's instances and new profile."""
+
+    request: CalibrateRequest | None = None
+    fingerprints: dict[int, Fingerprint] = field(default_factory=dict)  # decode
+    decoded: list[list[Any]] = field(default_factory=list)  # decode: per example
+    instances: dict[int, tuple[list[Any], np.ndarray]] = field(default_factory=dict)  # plan
+    built: list[Profile] = field(default_factory=list)  # debias: one per N
+
+    @property
+    def several(self) -> bool:
+        """Several N from the same examples (design §2.9)."""
+        return self._request().n is not None
+
+    def _request(self) -> CalibrateRequest:
+        assert self.request is not None
+        return self.request
+
+
+class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
+    """The calibrate feature's hooks, counted by outcome (``invalid`` for the client's
+    errors)."""
+
+    async def __call__(self, request: CalibrateRequest) -> CalibrateResponse:
+        metrics = self.pipeline.metrics
+        try:
+            response = await self.pipeline.serve(self, CalibrateContext(request=request))
+        except errors.ServiceError as exc:
+            client_error = type(exc).status < 500 and not isinstance(exc, errors.Overloaded)
+            metrics.calibrations.labels(outcome="invalid" if client_error else "error").inc()
+            raise
+        except Exception:
+            metrics.calibrations.labels(outcome="error").inc()
+            raise
+        metrics.calibrations.labels(outcome="success").inc()
+        metrics.calibration_duration.observe(response.duration_s)
+        return response
+
+    # -------------------------------------------------------------------- decode
+    def _common_n(self, request: CalibrateRequest) -> dict[int, Labels]:
+        """Without ``n``: the examples' common N (422 otherwise), after the retrieval checks."""
+        pipeline = self.pipeline
+        sizes = {len(ex.images) for ex in request.examples}
+        if len(sizes) != 1:
+            raise errors.InvalidCalibration(
+                f"all examples must have the same number of images N; got N in {sorted(sizes)}"
             )
-        )
-    stored = await p.profiles.put_many(profiles)
-    logs.note(version=stored[-1].version)
-    per_n = (
-        [
-            CalibratedN(
-                n=s.n,
-                version=s.version,
-                forward_passes=s.num_forward_passes,
-                bias_matrix=s.bias_matrix,
-                attention_prior=s.attention_prior,
-                sink_layers=s.sink_layers,
+        n = sizes.pop()
+        labels = pipeline.labels(n, request.labels, "examples[*].images")
+        for m, ex in enumerate(request.examples):
+            pipeline.decoder.query(ex.query, where=f"examples[{m}].query")
+            if ex.answer >= n:
+                raise errors.InvalidCalibration(
+                    f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < N={n}"
+                )
+        return {n: labels}
+
+    def _requested_n(self, request: CalibrateRequest) -> dict[int, Labels]:
+        """With ``n``: every requested N after the same checks (each example, each N); the
+        labels of each size are resolved once, whichever examples or N share it."""
+        assert request.n is not None
+        pipeline = self.pipeline
+        candidates = min(len(ex.images) for ex in request.examples)
+        sizes = requested_sizes(request.n, candidates)
+        resolved: dict[int, Labels] = {}
+        for m, ex in enumerate(request.examples):
+            pipeline.decoder.query(ex.query, where=f"examples[{m}].query")
+            size = len(ex.images)
+            if ex.answer >= size:
+                raise errors.InvalidCalibration(
+                    f"examples[{m}].answer is {ex.answer}; it must be a 0-based index < "
+                    f"{size}, the example's number of images"
+                )
+            if size not in resolved:
+                resolved[size] = pipeline.labels(size, request.labels, f"examples[{m}].images")
+        return {
+            n: resolved[n] if n in resolved else pipeline.labels(n, request.labels, "n")
+            for n in sizes
+        }
+
+    async def decode(self, ctx: CalibrateContext) -> None:
+        """The store takes writes (before seconds of forward passes, not after), the checks
+        and the labels of every N, then the examples' images off the event loop."""
+        request, pipeline = ctx._request(), self.pipeline
+        logs.note(profile=request.profile)
+        await pipeline.profiles.check_writable()
+        ctx.labels = self._requested_n(request) if ctx.several else self._common_n(request)
+        sizes = sorted(ctx.labels)
+        ctx.fingerprints = {n: pipeline.profiles.fingerprint(ctx.labels[n], n) for n in sizes}
+        logs.note(n=sizes[-1], labels=ctx.fingerprints[sizes[-1]].label_scheme)
+        decoder = pipeline.decoder
+        async with decoder.slot():
+            ctx.decoded = await run_in_threadpool(
+                lambda: [
+                    decoder.images(ex.images, f"examples[{m}].images", ctx.timings)
+                    for m, ex in enumerate(request.examples)
+                ]
             )
-            for s in stored
+
+    # -------------------------------------------------------------------- plan, run
+    async def plan(self, ctx: CalibrateContext) -> None:
+        """Every N's rotated instances (an example cut to its GT and N - 1 negatives)."""
+        request = ctx._request()
+        decoded = zip(request.examples, ctx.decoded, strict=True)
+        examples = [(ex.query, pil, ex.answer) for ex, pil in decoded]
+        ctx.instances = multi_n_instances(examples, sorted(ctx.labels), request.seed)
+
+    async def run(self, ctx: CalibrateContext) -> None:
+        works = [
+            w
+            for n in sorted(ctx.labels)
+            for q, images in ctx.instances[n][0]
+            for w in self.pipeline.works(q, images, ctx.labels[n], 1)
         ]
-        if several
-        else None
-    )
-    last = stored[-1]
-    return CalibrateResponse(
-        profile=last.name,
-        version=last.version,
-        model=p.model_id,
-        labels=last.label_scheme,
-        n=last.n,
-        num_examples=last.num_examples,
-        forward_passes=len(works),
-        bias_matrix=last.bias_matrix,
-        attention_prior=last.attention_prior,
-        layers=last.layers,
-        sink_layers=last.sink_layers,
-        hyperparameters=last.hyperparameters,
-        created_at=last.created_at,
-        duration_s=round(time.perf_counter() - t0, 4),
-        diagnostics=last.diagnostics,
-        per_n=per_n,
-    )
+        ctx.results = await self.pipeline.forward(ctx, works, bulk=True)
 
+    # -------------------------------------------------------------------- debias (estimate)
+    async def debias(self, ctx: CalibrateContext) -> None:
+        """B and P of every N from its instances' evidence."""
+        request, results = ctx._request(), iter(ctx.results)
+        extra = {
+            "negatives_seed": request.seed,
+            "candidates": min(len(images) for images in ctx.decoded),
+        }
+        for n in sorted(ctx.labels):
+            instances, gt = ctx.instances[n]
+            batch = [next(results) for _ in instances]
+            ctx.built.append(
+                build_profile(
+                    self.pipeline,
+                    request.profile,
+                    ctx.fingerprints[n],
+                    np.stack([r.scores for r in batch]),
+                    np.stack([r.attention for r in batch]),
+                    gt,
+                    len(request.examples),
+                    extra if ctx.several else {},
+                )
+            )
 
-async def calibrate(p: Pipeline, request: CalibrateRequest) -> CalibrateResponse:
-    """A calibration, counted by outcome (``invalid`` for the client's errors)."""
-    t0 = time.perf_counter()
-    try:
-        response = await _calibrate(p, request, t0)
-    except errors.ServiceError as exc:
-        client_error = type(exc).status < 500 and not isinstance(exc, errors.Overloaded)
-        p.metrics.calibrations.labels(outcome="invalid" if client_error else "error").inc()
-        raise
-    except Exception:
-        p.metrics.calibrations.labels(outcome="error").inc()
-        raise
-    p.metrics.calibrations.labels(outcome="success").inc()
-    p.metrics.calibration_duration.observe(response.duration_s)
-    return response
+    # -------------------------------------------------------------------- encode
+    async def encode(self, ctx: CalibrateContext) -> CalibrateResponse:
+        """Every N's new version, all current or none, and the answer."""
+        stored = await self.pipeline.profiles.put_many(ctx.built)
+        logs.note(version=stored[-1].version)
+        per_n = (
+            [
+                CalibratedN(
+                    n=s.n,
+                    version=s.version,
+                    forward_passes=s.num_forward_passes,
+                    bias_matrix=s.bias_matrix,
+                    attention_prior=s.attention_prior,
+                    sink_layers=s.sink_layers,
+                )
+                for s in stored
+            ]
+            if ctx.several
+            else None
+        )
+        last = stored[-1]
+        return CalibrateResponse(
+            profile=last.name,
+            version=last.version,
+            model=self.pipeline.model_id,
+            labels=last.label_scheme,
+            n=last.n,
+            num_examples=last.num_examples,
+            forward_passes=len(ctx.results),
+            bias_matrix=last.bias_matrix,
+            attention_prior=last.attention_prior,
+            layers=last.layers,
+            sink_layers=last.sink_layers,
+            hyperparameters=last.hyperparameters,
+            created_at=last.created_at,
+            duration_s=round(ms_since(ctx.started) / 1e3, 4),
+            diagnostics=last.diagnostics,
+            per_n=per_n,
+        )

@@ -2,30 +2,35 @@
 ``app.method.tournament`` (design §2.10), every window of a round in one batch of forward
 passes, each window debiased with the profile of its own N.
 
-The same stages as retrieval, per window: decode (counts, top_n, the labels of every window
-size, resolved once each) -> plan (the profile of every window size, or the fallback) ->
-run (one round's windows in one batch) -> debias (each window) -> encode. Everything that
-can refuse the request is checked before any image is decoded or any forward runs.
+The stages of every request: decode (the model, counts and top_n, the query, the documents
+in any accepted shape to images, the echo of what was sent) -> plan (the window, the
+rounds' window sizes and their forward passes, the labels of every window size resolved
+once each, the profile of every size or the fallback) -> run (round by round: a round's
+windows in one batch, each window debiased to advance its best) -> debias (the
+tournament's ranking and relevance) -> encode.
 """
 
 from __future__ import annotations
 
+import base64
 import secrets
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app import errors
-from app.decode import ImageInput
-from app.engine.labels import Labels
 from app.method.methods import NEEDS_CALIBRATION, passes
 from app.method.tournament import Tournament, window_sizes
 from app.observability import logs
-from app.service.pipeline import Pipeline, Plan, ms_since
+from app.service.decode import ImageInput
+from app.service.pipeline import Context, Handler, ms_since
 from lad_client.types import (
     RerankMeta,
     RerankOptions,
+    RerankRequest,
     RerankResponse,
     RerankResult,
     RerankUsage,
@@ -44,149 +49,202 @@ class _PromptTokens:
             self.total = None if self.total is None or count is None else self.total + count
 
 
-def _check_model(p: Pipeline, model: str | None) -> None:
-    """`model` may name the served model only (as vLLM answers another id)."""
-    if model is not None and model != p.model_id:
-        raise errors.ModelNotFound(
-            f"model {model[:200]!r} is not served here; this service serves {p.model_id!r} "
-            "(GET /v1/models)"
-        )
+@dataclass
+class RerankContext(Context):
+    """One rerank: the request, the documents, the tournament and what it cost."""
+
+    options: RerankOptions | None = None
+    query: str = ""
+    inputs: Sequence[ImageInput] = ()  # decode: the documents' images as sent
+    sent: list[SentDocument] | None = None  # decode: the echo (return_documents)
+    top_n: int = 1
+    window: int = 0  # plan
+    rounds: list[list[int]] | None = None  # plan: the window sizes of every round
+    tournament: Tournament | None = None  # run
+    seed: int = 0
+    spent: int = 0  # run: forward passes
+    tokens: _PromptTokens | None = None
+    scores: np.ndarray | None = None  # debias: relevance per document
+    ranking: list[int] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.inputs)
 
 
-def _check_counts(p: Pipeline, n: int, top_n: int | None) -> int:
-    limit = p.settings.max_rerank_candidates
-    if n < 2:
-        raise errors.TooFewImages(f"documents has {n} image(s); reranking needs >= 2")
-    if n > limit:
-        raise errors.TooManyImages(
-            f"documents has {n} images; the limit is LAD_MAX_RERANK_CANDIDATES={limit}"
-        )
-    if top_n is not None and top_n > n:
-        raise errors.InvalidRequest(f"top_n is {top_n} but there are only {n} documents")
-    return top_n or 1
+class Rerank(Handler[RerankContext, RerankResponse]):
+    """The rerank feature's hooks."""
 
+    async def __call__(
+        self, options: RerankOptions, query: str, documents: Sequence[ImageInput]
+    ) -> RerankResponse:
+        """``options``: the JSON body (documents in any accepted shape) or a form's options
+        with ``documents`` its file parts."""
+        ctx = RerankContext(method=options.method, options=options, query=query)
+        if isinstance(options, RerankRequest):
+            ctx.inputs = options.images()
+            ctx.sent = options.sent() if options.return_documents else None
+        else:
+            ctx.inputs = documents
+            if options.return_documents:  # a form's file parts (bytes) echo in base64
+                ctx.sent = [
+                    d if isinstance(d, str) else base64.b64encode(d).decode("ascii")
+                    for d in documents
+                ]
+        return await self.pipeline.serve(self, ctx)
 
-def _calibrated_sizes(p: Pipeline, profile: str, scheme: str) -> list[int]:
-    """The N the profile has a current version for (the running model, these labels)."""
-    return sorted(
-        k.n
-        for k in p.profiles.store.list_keys(p.model_id)
-        if k.name == profile and k.label_scheme == scheme
-    )
+    def _options(self, ctx: RerankContext) -> RerankOptions:
+        assert ctx.options is not None
+        return ctx.options
 
+    # -------------------------------------------------------------------- decode
+    async def decode(self, ctx: RerankContext) -> None:
+        options, pipeline, n = self._options(ctx), self.pipeline, ctx.n
+        model = options.model
+        if model is not None and model != pipeline.model_id:  # as vLLM answers another id
+            raise errors.ModelNotFound(
+                f"model {model[:200]!r} is not served here; this service serves "
+                f"{pipeline.model_id!r} (GET /v1/models)"
+            )
+        logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
+        limit = pipeline.settings.max_rerank_candidates
+        if n < 2:
+            raise errors.TooFewImages(f"documents has {n} image(s); reranking needs >= 2")
+        if n > limit:
+            raise errors.TooManyImages(
+                f"documents has {n} images; the limit is LAD_MAX_RERANK_CANDIDATES={limit}"
+            )
+        if options.top_n is not None and options.top_n > n:
+            raise errors.InvalidRequest(
+                f"top_n is {options.top_n} but there are only {n} documents"
+            )
+        ctx.top_n = options.top_n or 1  # how many advance from each window
+        pipeline.decoder.query(ctx.query)
+        async with pipeline.decoder.slot():
+            ctx.images = await run_in_threadpool(
+                pipeline.decoder.images, ctx.inputs, "documents", ctx.timings
+            )
 
-def _default_window(p: Pipeline, options: RerankOptions) -> int:
-    """A method that reads no profile (vanilla, attn_raw, perm_avg) uses windows of
-    LAD_MAX_IMAGES whatever is calibrated; one that does, the largest N the profile has
-    (LAD_MAX_IMAGES when it has none: the request is then refused or falls back)."""
-    if options.method not in NEEDS_CALIBRATION:
-        return p.settings.max_images
-    calibrated = [
-        k
-        for k in _calibrated_sizes(p, options.profile, options.labels)
-        if k <= p.settings.max_images
-    ]
-    return calibrated[-1] if calibrated else p.settings.max_images
+    # -------------------------------------------------------------------- plan
+    def _default_window(self, options: RerankOptions) -> int:
+        """A method that reads no profile (vanilla, attn_raw, perm_avg) uses windows of
+        LAD_MAX_IMAGES whatever is calibrated; one that does, the largest N the profile has
+        (LAD_MAX_IMAGES when it has none: the request is then refused or falls back)."""
+        most = self.pipeline.settings.max_images
+        if options.method not in NEEDS_CALIBRATION:
+            return most
+        sizes = self.pipeline.profiles.sizes(options.profile, options.labels)
+        calibrated = [k for k in sizes if k <= most]
+        return calibrated[-1] if calibrated else most
 
+    def _plan(self, ctx: RerankContext) -> None:
+        """Off the event loop: the window (default: ``_default_window``), the rounds'
+        window sizes, the labels of each size (resolved once) and the profiles of every
+        size (or 409)."""
+        options, pipeline, n = self._options(ctx), self.pipeline, ctx.n
+        window = options.window or self._default_window(options)
+        rounds = window_sizes(n, min(window, n), ctx.top_n)
+        needed = sorted({s for r in rounds for s in r})
+        planned = sum(passes(options.method, s) for r in rounds for s in r)
+        if planned > pipeline.settings.max_rerank_passes:
+            raise errors.InvalidRequest(
+                f"this tournament ({n} documents, window {window}, top_n {ctx.top_n}, method "
+                f"{options.method}) would take {planned} forward passes; the limit is "
+                f"LAD_MAX_RERANK_PASSES={pipeline.settings.max_rerank_passes}: lower top_n, "
+                "use a larger window or another method"
+            )
+        ctx.labels = {size: pipeline.labels(size, options.labels, "window") for size in needed}
 
-def _plan(
-    p: Pipeline, options: RerankOptions, n: int, top_n: int
-) -> tuple[Plan, int, list[list[int]], dict[int, Labels]]:
-    """Off the event loop: the window size (default: ``_default_window``), the rounds'
-    window sizes, the labels of each size (resolved once) and the plan (the profiles of
-    every size, or 409)."""
-    window = options.window or _default_window(p, options)
-    rounds = window_sizes(n, min(window, n), top_n)
-    needed = sorted({s for r in rounds for s in r})
-    planned = sum(passes(options.method, s) for r in rounds for s in r)
-    if planned > p.settings.max_rerank_passes:
-        raise errors.InvalidRequest(
-            f"this tournament ({n} documents, window {window}, top_n {top_n}, method "
-            f"{options.method}) would take {planned} forward passes; the limit is "
-            f"LAD_MAX_RERANK_PASSES={p.settings.max_rerank_passes}: lower top_n, use a "
-            "larger window or another method"
-        )
-    labels = [p.labels(size, options.labels, "window") for size in needed]
+        def refuse(missing: list[int]) -> errors.ServiceError:
+            return errors.CalibrationRequired(
+                f"the tournament of {n} documents with window {window} uses windows of N = "
+                f"{needed}; profile {options.profile!r} (labels {options.labels}) has no "
+                f'calibration for N = {missing}: POST /v1/calibrate with "n": "all" and '
+                f"examples of at least {max(needed)} images, or rerank with method "
+                '"vanilla" or "perm_avg"'
+            )
 
-    def refuse(missing: list[int]) -> errors.ServiceError:
-        return errors.CalibrationRequired(
-            f"the tournament of {n} documents with window {window} uses windows of N = "
-            f"{needed}; profile {options.profile!r} (labels {options.labels}) has no "
-            f'calibration for N = {missing}: POST /v1/calibrate with "n": "all" and examples '
-            f'of at least {max(needed)} images, or rerank with method "vanilla" or "perm_avg"'
-        )
+        plan = pipeline.plan(options.method, options.profile, list(ctx.labels.values()), refuse)
+        pipeline.adopt(ctx, plan)
+        ctx.window, ctx.rounds = window, rounds
 
-    plan = p.plan(options.method, options.profile, labels, refuse)
-    return plan, window, rounds, {lab.n: lab for lab in labels}
+    async def plan(self, ctx: RerankContext) -> None:
+        await run_in_threadpool(self._plan, ctx)
+        if ctx.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
+            logs.note(method=ctx.method, fallback=True)
 
+    # -------------------------------------------------------------------- run
+    async def run(self, ctx: RerankContext) -> None:
+        """Round by round: the round's windows in one batch, each debiased with its N's
+        profile so that its best advance (their debias time counted as debias)."""
+        pipeline, options, method = self.pipeline, self._options(ctx), ctx.method
+        ctx.seed = options.seed if options.seed is not None else secrets.randbits(32)
+        ctx.tournament = tournament = Tournament(ctx.n, min(ctx.window, ctx.n), ctx.top_n, ctx.seed)
+        ctx.tokens = _PromptTokens()
+        while (windows := tournament.next_round()) is not None:
+            works = [
+                work
+                for w in windows
+                for work in pipeline.works(
+                    ctx.query,
+                    [ctx.images[i] for i in w],
+                    ctx.labels[len(w)],
+                    passes(method, len(w)),
+                )
+            ]
+            bulk = len(works) > pipeline.settings.max_queue
+            results = await pipeline.forward(ctx, works, bulk=bulk)
+            ctx.spent += len(works)
+            ctx.tokens.add(r.prompt_tokens for r in results)
+            started = time.perf_counter()
+            probabilities, at = [], 0
+            for w in windows:
+                k = passes(method, len(w))
+                mine, at = results[at : at + k], at + k
+                out = pipeline.debias(method, mine, ctx.calibrations.get(len(w)))
+                probabilities.append(out.probabilities)
+            ctx.add("debias", ms_since(started))
+            tournament.record(probabilities)
 
-async def rerank(
-    p: Pipeline,
-    options: RerankOptions,
-    query: str,
-    documents: Sequence[ImageInput],
-    sent: Sequence[SentDocument] | None = None,
-) -> RerankResponse:
-    """``sent``: the documents as the client sent them, echoed per result when given
-    (return_documents)."""
-    t0 = time.perf_counter()
-    _check_model(p, options.model)
-    n = len(documents)
-    logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
-    top_n = _check_counts(p, n, options.top_n)  # how many advance from each window
-    p.decoder.query(query)
-    async with p.decoder.slot():
-        plan, window, rounds, labels = await run_in_threadpool(_plan, p, options, n, top_n)
-        pil = await run_in_threadpool(p.decoder.images, documents, "documents")
-    if plan.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
-        logs.note(method=plan.method, fallback=True)
-    decode_ms = ms_since(t0)
-    method, profiles = plan.method, plan.profiles
-    seed = options.seed if options.seed is not None else secrets.randbits(32)
-    tournament = Tournament(n, min(window, n), top_n, seed)
-    spent, tokens = 0, _PromptTokens()
-    while (windows := tournament.next_round()) is not None:
-        works = [
-            work
-            for w in windows
-            for work in p.works(query, [pil[i] for i in w], labels[len(w)], passes(method, len(w)))
+    async def debias(self, ctx: RerankContext) -> None:
+        """The tournament's ranking and relevance across windows."""
+        assert ctx.tournament is not None
+        ctx.scores = ctx.tournament.relevance()
+        ctx.ranking = ctx.tournament.ranking()
+
+    # -------------------------------------------------------------------- encode
+    async def encode(self, ctx: RerankContext) -> RerankResponse:
+        assert ctx.tournament is not None and ctx.scores is not None and ctx.ranking is not None
+        assert ctx.tokens is not None and ctx.rounds is not None
+        options, pipeline, n, scores = self._options(ctx), self.pipeline, ctx.n, ctx.scores
+        results = [
+            RerankResult(
+                index=i,
+                relevance_score=float(scores[i]),
+                document=None if ctx.sent is None else ctx.sent[i],
+            )
+            for i in ctx.ranking[: options.top_n or n]
         ]
-        results = await p.worker.run(works, bulk=len(works) > p.settings.max_queue)
-        spent += len(works)
-        tokens.add(r.prompt_tokens for r in results)
-        probabilities, at = [], 0
-        for w in windows:
-            k = passes(method, len(w))
-            mine, at = results[at : at + k], at + k
-            probabilities.append(p.debias(method, mine, profiles.get(len(w))).probabilities)
-        tournament.record(probabilities)
-    scores = tournament.relevance()
-    results_out = [
-        RerankResult(
-            index=i, relevance_score=float(scores[i]), document=None if sent is None else sent[i]
+        profiles = ctx.profiles
+        meta = RerankMeta(
+            method=ctx.method,
+            model=pipeline.model_id,
+            profile={str(size): p.version for size, p in sorted(profiles.items())} or None,
+            window=min(ctx.window, n),
+            seed=ctx.seed,
+            rounds=ctx.tournament.rounds_played,
+            windows=ctx.rounds,
+            forward_passes=ctx.spent,
+            timings_ms={},
         )
-        for i in tournament.ranking()[: options.top_n or n]
-    ]
-    meta = RerankMeta(
-        method=method,
-        model=p.model_id,
-        profile={str(size): prof.version for size, prof in sorted(profiles.items())} or None,
-        window=min(window, n),
-        seed=seed,
-        rounds=tournament.rounds_played,
-        windows=rounds,
-        forward_passes=spent,
-        timings_ms={
-            "decode": decode_ms,
-            "forward": ms_since(t0) - decode_ms,
-            "total": ms_since(t0),
-        },
-    )
-    request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
-    return RerankResponse(
-        id=f"rerank-{request_id}",
-        model=p.model_id,
-        usage=RerankUsage(images=n, prompt_tokens=tokens.total, forward_passes=spent),
-        results=results_out,
-        meta=meta,
-    )
+        request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
+        return RerankResponse(
+            id=f"rerank-{request_id}",
+            model=pipeline.model_id,
+            usage=RerankUsage(images=n, prompt_tokens=ctx.tokens.total, forward_passes=ctx.spent),
+            results=results,
+            meta=meta,
+        )
+
+    def timings_of(self, response: RerankResponse) -> dict[str, float]:
+        return response.meta.timings_ms

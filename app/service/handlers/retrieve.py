@@ -2,168 +2,172 @@
 
 decode (query, labels once, images) -> plan (the profile, or the operator's fallback) ->
 run (1 or N rotations through the queue) -> debias -> encode (the wire answer, the
-evidence kept for feedback, the stage metrics).
+evidence kept for feedback, the answer metrics).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from app import errors
-from app.decode import ImageInput
 from app.method import debias
-from app.method.methods import passes
+from app.method.methods import MethodOutput, passes
 from app.observability import logs
-from app.service.feedback import OnlineService
-from app.service.pipeline import Context, Pipeline, ms_since
+from app.service.decode import ImageInput
+from app.service.online import OnlineService
+from app.service.pipeline import Context, Handler, Pipeline
 from lad_client.types import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse
 
 
-def _uncalibrated(p: Pipeline, ctx: Context) -> errors.ServiceError:
-    assert ctx.labels is not None
-    profile, n = ctx.profile, ctx.n
-    return errors.CalibrationRequired(
-        f"no calibration for model {p.model_id!r}, profile {profile!r}, labels "
-        f"{ctx.labels.scheme!r} and N={n}: POST /v1/calibrate with "
-        f'{{"profile": "{profile}", "examples": [...]}} holding 1-64 (5 recommended) '
-        f'examples of {n} images each with their answer, or use method "vanilla" or '
-        '"perm_avg"'
-    )
+@dataclass
+class RetrieveContext(Context):
+    """One retrieval: the request as parsed, and its one N's labels, profile and answer."""
+
+    options: RetrieveOptions | None = None
+    query: str = ""
+    inputs: Sequence[ImageInput] = ()
+    out: MethodOutput | None = None  # debias
+
+    @property
+    def n(self) -> int:
+        return len(self.inputs)
 
 
-def decode(
-    p: Pipeline, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
-) -> Context:
-    """The checks that need no thread: the query, N and the labels (resolved here, once)."""
-    p.decoder.query(query)
-    ctx = Context(query, images, options.method, options.profile, options.return_details)
-    ctx.labels = p.labels(ctx.n, options.labels, "images")
-    return ctx
+class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
+    """The retrieve feature's hooks."""
 
+    def __init__(self, pipeline: Pipeline, online: OnlineService) -> None:
+        super().__init__(pipeline)
+        self.online = online
 
-def plan_and_decode_images(p: Pipeline, ctx: Context) -> None:
-    """Off the event loop: the profile the method needs (looked up first, so a request that
-    will be refused decodes nothing), then the decoded images."""
-    assert ctx.labels is not None
-    plan = p.plan(ctx.method, ctx.profile, [ctx.labels], lambda _: _uncalibrated(p, ctx))
-    ctx.method, ctx.fallback_for = plan.method, plan.fallback_for
-    ctx.stored = plan.profiles.get(ctx.n)
-    ctx.pil = p.decoder.images(ctx.images, "images", ctx.timings)
+    async def __call__(
+        self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
+    ) -> RetrieveResponse:
+        """The whole pipeline for one retrieval."""
+        ctx = RetrieveContext(method=options.method, options=options, query=query, inputs=images)
+        return await self.pipeline.serve(self, ctx)
 
+    def _options(self, ctx: RetrieveContext) -> RetrieveOptions:
+        assert ctx.options is not None
+        return ctx.options
 
-async def run(p: Pipeline, ctx: Context) -> None:
-    """The queue, forward and score stages; their times go into the context's timings."""
-    assert ctx.labels is not None
-    submitted = time.perf_counter()
-    works = p.works(ctx.query, ctx.pil, ctx.labels, passes(ctx.method, ctx.n))
-    ctx.results = results = await p.worker.run(works, bulk=False)
-    batches = {r.batch_id: r for r in results}.values()
-    t = ctx.timings
-    t["queue"] = max(0.0, (min(r.started for r in results) - submitted) * 1e3)
-    t["process"] = sum(r.process_ms for r in batches)
-    t["forward"] = sum(r.forward_ms for r in batches)
-    t["score"] = sum(r.score_ms for r in batches)
-
-
-def encode(p: Pipeline, ctx: Context) -> RetrieveResponse:
-    """The wire answer (arrays become lists here, once)."""
-    assert ctx.labels is not None and ctx.out is not None
-    out, stored, first = ctx.out, ctx.stored, ctx.results[0]
-    s, a = first.scores, first.attention
-    index = int(np.argmax(out.probabilities))
-    debiased = ctx.method != "vanilla"
-    p.metrics.observe_answer(
-        method=ctx.method,
-        n=ctx.n,
-        raw=int(np.argmax(s)),
-        debiased=index if debiased else None,
-        profile=(stored.name, stored.label_scheme) if stored else None,
-        fallback_for=ctx.fallback_for,
-        prompt_tokens=first.prompt_tokens,
-    )
-    details = None
-    if ctx.return_details:
-        details = RetrieveDetails(
-            labels=list(ctx.labels.strings),
-            scores=s.tolist(),
-            debiased_scores=None if out.debiased_scores is None else out.debiased_scores.tolist(),
-            attention=a.tolist(),
-            layers=list(p.runner.layers),
-            batch_size=first.batch_size,
+    async def decode(self, ctx: RetrieveContext) -> None:
+        """The checks that need no thread (the query, N, the labels: resolved here, once),
+        then the images off the event loop."""
+        options, pipeline = self._options(ctx), self.pipeline
+        logs.note(
+            method=options.method,
+            requested_method=options.method,
+            n=ctx.n,
+            profile=options.profile,
+            labels=options.labels if isinstance(options.labels, str) else "custom",
         )
-    return RetrieveResponse(
-        index=index,
-        ranking=debias.ranking(out.probabilities),
-        label=ctx.labels.strings[index],
-        probabilities=out.probabilities.tolist(),
-        raw_probabilities=debias.softmax(s).tolist(),
-        posterior=None if out.posterior is None else out.posterior.tolist(),
-        method=ctx.method,
-        debiased=debiased,
-        profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
-        model=p.model_id,
-        timings_ms=ctx.timings,
-        details=details,
-        request_id=errors.REQUEST_ID.get(),
-    )
+        pipeline.decoder.query(ctx.query)
+        ctx.labels[ctx.n] = pipeline.labels(ctx.n, options.labels, "images")
+        async with pipeline.decoder.slot():
+            ctx.images = await run_in_threadpool(
+                pipeline.decoder.images, ctx.inputs, "images", ctx.timings
+            )
 
-
-def _observe(p: Pipeline, ctx: Context) -> None:
-    """Stage latencies, and the overhead ratio on this request's share of its batches."""
-    p.metrics.observe_stages(ctx.timings, ctx.method)
-    forward = sum(r.forward_ms / r.batch_size for r in ctx.results)
-    score = sum(r.score_ms / r.batch_size for r in ctx.results)
-    if forward > 0:
-        p.metrics.debias_overhead.labels(method=ctx.method).observe(
-            (score + ctx.timings["debias"]) / forward
+    def _uncalibrated(self, ctx: RetrieveContext) -> errors.ServiceError:
+        profile, n, labels = self._options(ctx).profile, ctx.n, ctx.labels[ctx.n]
+        return errors.CalibrationRequired(
+            f"no calibration for model {self.pipeline.model_id!r}, profile {profile!r}, labels "
+            f"{labels.scheme!r} and N={n}: POST /v1/calibrate with "
+            f'{{"profile": "{profile}", "examples": [...]}} holding 1-64 (5 recommended) '
+            f'examples of {n} images each with their answer, or use method "vanilla" or '
+            '"perm_avg"'
         )
 
+    async def plan(self, ctx: RetrieveContext) -> None:
+        """The profile the method needs (a store read, off the event loop), or the fallback."""
+        options = self._options(ctx)
+        plan = await run_in_threadpool(
+            self.pipeline.plan,
+            ctx.method,
+            options.profile,
+            [ctx.labels[ctx.n]],
+            lambda _: self._uncalibrated(ctx),
+        )
+        self.pipeline.adopt(ctx, plan)
+        if ctx.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
+            logs.note(method=ctx.method, fallback=True)
+        elif ctx.n in ctx.profiles:
+            stored = ctx.profiles[ctx.n]
+            logs.note(version=stored.version, labels=stored.label_scheme)
 
-async def retrieve(
-    p: Pipeline,
-    online: OnlineService,
-    options: RetrieveOptions,
-    query: str,
-    images: Sequence[ImageInput],
-) -> RetrieveResponse:
-    """The whole pipeline for one retrieval."""
-    logs.note(
-        method=options.method,
-        requested_method=options.method,
-        n=len(images),
-        profile=options.profile,
-        labels=options.labels if isinstance(options.labels, str) else "custom",
-    )
-    ctx = decode(p, options, query, images)
-    assert ctx.labels is not None
-    async with p.decoder.slot():
-        await run_in_threadpool(plan_and_decode_images, p, ctx)
-    if ctx.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
-        logs.note(method=ctx.method, fallback=True)
-    elif ctx.stored is not None:
-        logs.note(version=ctx.stored.version, labels=ctx.stored.label_scheme)
-    ctx.timings["decode"] = ms_since(ctx.started)  # base64 (its own key) and images included
+    async def run(self, ctx: RetrieveContext) -> None:
+        """1 or N rotations (perm_avg) through the queue."""
+        works = self.pipeline.works(
+            ctx.query, ctx.images, ctx.labels[ctx.n], passes(ctx.method, ctx.n)
+        )
+        ctx.results = await self.pipeline.forward(ctx, works, bulk=False)
 
-    await run(p, ctx)
-    t1 = time.perf_counter()
-    ctx.out = p.debias(ctx.method, ctx.results, ctx.stored)
-    ctx.timings["debias"] = ms_since(t1)
+    async def debias(self, ctx: RetrieveContext) -> None:
+        ctx.out = self.pipeline.debias(ctx.method, ctx.results, ctx.calibrations.get(ctx.n))
 
-    t2 = time.perf_counter()
-    response = encode(p, ctx)
-    first = ctx.results[0]
-    key = ctx.stored.key if ctx.stored else p.key(ctx.profile, ctx.labels)
-    await online.remember(
-        response.request_id,
-        key,
-        ctx.stored.version if ctx.stored else None,
-        first.scores,
-        first.attention,
-    )
-    ctx.timings["encode"] = response.timings_ms["encode"] = ms_since(t2)
-    _observe(p, ctx)
-    return response
+    async def encode(self, ctx: RetrieveContext) -> RetrieveResponse:
+        """The wire answer (arrays become lists here, once) and the evidence kept for
+        feedback."""
+        assert ctx.out is not None
+        pipeline, labels = self.pipeline, ctx.labels[ctx.n]
+        out, stored, first = ctx.out, ctx.profiles.get(ctx.n), ctx.results[0]
+        s, a = first.scores, first.attention
+        index = int(np.argmax(out.probabilities))
+        debiased = ctx.method != "vanilla"
+        pipeline.metrics.observe_answer(
+            method=ctx.method,
+            n=ctx.n,
+            raw=int(np.argmax(s)),
+            debiased=index if debiased else None,
+            profile=(stored.name, stored.label_scheme) if stored else None,
+            fallback_for=ctx.fallback_for,
+            prompt_tokens=first.prompt_tokens,
+        )
+        details = None
+        if self._options(ctx).return_details:
+            details = RetrieveDetails(
+                labels=list(labels.strings),
+                scores=s.tolist(),
+                debiased_scores=None
+                if out.debiased_scores is None
+                else out.debiased_scores.tolist(),
+                attention=a.tolist(),
+                layers=list(pipeline.runner.layers),
+                batch_size=first.batch_size,
+            )
+        response = RetrieveResponse(
+            index=index,
+            ranking=debias.ranking(out.probabilities),
+            label=labels.strings[index],
+            probabilities=out.probabilities.tolist(),
+            raw_probabilities=debias.softmax(s).tolist(),
+            posterior=None if out.posterior is None else out.posterior.tolist(),
+            method=ctx.method,
+            debiased=debiased,
+            profile=ProfileRef(name=stored.name, version=stored.version) if stored else None,
+            model=pipeline.model_id,
+            timings_ms={},
+            details=details,
+            request_id=errors.REQUEST_ID.get(),
+        )
+        key = pipeline.key(self._options(ctx).profile, labels)
+        version = stored.version if stored else None
+        await self.online.remember(response.request_id, key, version, s, a)
+        return response
+
+    def timings_of(self, response: RetrieveResponse) -> dict[str, float]:
+        return response.timings_ms
+
+    def observe(self, ctx: RetrieveContext, response: RetrieveResponse) -> None:
+        """The overhead ratio on this request's share of its batches."""
+        forward = sum(r.forward_ms / r.batch_size for r in ctx.results)
+        score = sum(r.score_ms / r.batch_size for r in ctx.results)
+        if forward > 0:
+            self.pipeline.metrics.debias_overhead.labels(method=ctx.method).observe(
+                (score + ctx.timings["debias"]) / forward
+            )

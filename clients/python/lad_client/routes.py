@@ -49,6 +49,14 @@ class Route:
     """The JSON request model's class name in lad_client.types (None: no body)."""
     form_files: str | None = None
     """In a multipart/form-data body, the field that carries the image files."""
+    form_options: str | None = None
+    """In a multipart/form-data body, the model (class name in lad_client.types) of its
+    text fields other than ``query`` (None: the route takes no form)."""
+    form_labels: bool = False
+    """Whether the form's ``labels`` field is label text: a scheme name, a JSON list or a
+    comma list of the N labels (a JSON body sends a list as a list)."""
+    file_limit: str | None = None
+    """The Settings attribute that bounds how many images the body carries."""
     body_limit: str | None = None
     """The Settings attribute that bounds the body (None: SMALL_BODY_BYTES)."""
     audit: str | None = None
@@ -111,6 +119,8 @@ RERANK = Route(
     content_types=(JSON, FORM),
     request="RerankRequest",
     form_files="documents",
+    form_options="RerankOptions",
+    file_limit="max_rerank_candidates",
     body_limit="max_body_bytes",
 )
 
@@ -137,6 +147,9 @@ ROUTES: tuple[Route, ...] = (
         content_types=(JSON, FORM),
         request="RetrieveRequest",
         form_files="images",
+        form_options="RetrieveOptions",
+        form_labels=True,
+        file_limit="max_images",
         body_limit="max_body_bytes",
     ),
     RERANK,

@@ -105,7 +105,7 @@ def test_install_is_idempotent_and_skips_processors_without_the_hook(shared_runn
 def test_decode_gives_the_qwen_processor_its_exact_input_size(shared_runner) -> None:
     import io
 
-    from app.decode import Decoder
+    from app.service.decode import Decoder
     from app.settings import Settings
 
     runner = shared_runner("qwen2_5_vl", image_pixels=112)  # 112 x 112 = 16 tokens of 28²

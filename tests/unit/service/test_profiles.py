@@ -16,7 +16,7 @@ import pytest
 
 from app import errors
 from app.observability.metrics import Metrics
-from app.service.profiles import ProfileService, calibration_of
+from app.service.profile_service import ProfileService, calibration_of
 from calibration_store import Profile, open_store
 
 

@@ -19,7 +19,7 @@ from lad_client.types.common import (
     LABELS_JSON_SCHEMA,
     MAX_VERSION,
     ImageList,
-    Labels,
+    LabelsValue,
     Strict,
 )
 from lad_client.types.documents import (
@@ -94,7 +94,7 @@ __all__ = [
     "ImageUrl",
     "ImageUrlPart",
     "JinaImageDocument",
-    "Labels",
+    "LabelsValue",
     "Method",
     "ModelCard",
     "ModelList",

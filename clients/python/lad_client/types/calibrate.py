@@ -7,7 +7,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lad_client.types.common import EXAMPLE_IMAGES, LABELS_DESCRIPTION, ImageList, Labels, Strict
+from lad_client.types.common import (
+    EXAMPLE_IMAGES,
+    LABELS_DESCRIPTION,
+    ImageList,
+    LabelsValue,
+    Strict,
+)
 from lad_client.vocabulary import MAX_N, NAME_PATTERN
 
 MAX_CALIBRATION_EXAMPLES = 64
@@ -39,7 +45,7 @@ class CalibrateRequest(Strict):
         f"{RECOMMENDED_CALIBRATION_EXAMPLES} is the recommended (and the paper's) setting",
     )
     profile: str = Field("default", pattern=NAME_PATTERN, description="profile name to calibrate")
-    labels: Labels = Field("digits", description=LABELS_DESCRIPTION)
+    labels: LabelsValue = Field("digits", description=LABELS_DESCRIPTION)
     n: list[Annotated[int, Field(ge=2, le=MAX_N)]] | Literal["all"] | None = Field(
         None,
         min_length=1,

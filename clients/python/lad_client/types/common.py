@@ -37,7 +37,9 @@ LABELS_JSON_SCHEMA: dict[str, Any] = {
 """What `labels` accepts (the limits are patched to the running settings in the OpenAPI
 document); the service checks it itself, so a bad value answers 422 invalid_labels."""
 
-Labels = Annotated[str | list[str], WithJsonSchema(LABELS_JSON_SCHEMA)]
+LabelsValue = Annotated[str | list[str], WithJsonSchema(LABELS_JSON_SCHEMA)]
+"""A labels value as sent (a scheme name or the N labels); the service resolves it into
+``app.engine.labels.Labels``."""
 ImageList = Annotated[
     list[str],
     Field(

@@ -154,7 +154,11 @@ class RerankMeta(BaseModel):
     rounds: int = Field(description="tournament rounds (1: every document in one window)")
     windows: list[list[int]] = Field(description="window sizes of each round")
     forward_passes: int = Field(description="forward passes spent (perm_avg: N per window)")
-    timings_ms: dict[str, float] = Field(description="decode, forward (all rounds), total")
+    timings_ms: dict[str, float] = Field(
+        description="per stage, the keys of POST /v1/retrieve's timings_ms: decode (with its "
+        "base64 part), queue, process, forward, score (the rounds' batches summed), debias "
+        "(every window's and the tournament's), encode"
+    )
 
 
 class RerankResponse(BaseModel):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lad_client.types.common import EXAMPLE_IMAGES, LABELS_DESCRIPTION, ImageList, Labels, Strict
+from lad_client.types.common import (
+    EXAMPLE_IMAGES,
+    LABELS_DESCRIPTION,
+    ImageList,
+    LabelsValue,
+    Strict,
+)
 from lad_client.vocabulary import METHODS, NAME_PATTERN, Method
 
 RETRIEVE_EXAMPLE: dict[str, object] = {
@@ -19,7 +25,7 @@ class RetrieveOptions(Strict):
 
     method: Method = Field("agd", description=f"one of {', '.join(METHODS)}; agd is the default")
     profile: str = Field("default", pattern=NAME_PATTERN, description="calibration profile name")
-    labels: Labels = Field("digits", description=LABELS_DESCRIPTION)
+    labels: LabelsValue = Field("digits", description=LABELS_DESCRIPTION)
     return_details: bool = Field(False, description="also return scores, attention, layers")
 
 

@@ -1,7 +1,9 @@
 """Profile operations of the running model: lookup with the engine check, list, detail,
 delete, rollback and put, every store call off the event loop.
 
-Routes get wire schemas back; store errors become the service's errors here.
+The handlers read and write profiles through ``ProfileService`` only; store errors become
+the service's errors here, in ``call`` (the online store's calls go through it too). A
+served profile's B and P are built once per version (``calibration``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from starlette.concurrency import run_in_threadpool
 
 from app import errors
 from app.engine.interface import RunnerLike
-from app.engine.labels import LabelSpec, parse_labels, stored_scheme
+from app.engine.labels import Labels, LabelSpec, stored_scheme
 from app.method.calibrate import Calibration
 from app.observability import logs
 from app.observability.metrics import Metrics, ProfileRow
+from app.service.decode import parse_label_text
 from calibration_store import Fingerprint, Profile, ProfileKey, ProfileStore, StoreError
 from calibration_store import StoreUnavailable as StoreDown
 from lad_client.types import (
@@ -30,10 +33,13 @@ from lad_client.types import (
 
 V = TypeVar("V")
 FINGERPRINT_CACHE_SIZE = 512
+SERVED_CACHE_SIZE = 4096
+"""Profile keys whose checked version and arrays are kept (one entry per key served)."""
 
 
 def calibration_of(profile: Profile) -> Calibration:
-    """The engine's view of a stored profile: B and P as arrays."""
+    """The engine's view of a stored profile: B and P as arrays (``ProfileService.
+    calibration`` keeps it per version)."""
     return Calibration(profile.bias_matrix_array(), profile.attention_prior_array())
 
 
@@ -64,6 +70,7 @@ class ProfileService:
         self.store = store
         self.metrics = metrics
         self._fingerprints: dict[tuple[LabelSpec, int], Fingerprint] = {}
+        self._served: dict[ProfileKey, tuple[Profile, Calibration]] = {}
         metrics.watch_profiles(self._metric_rows)
 
     @property
@@ -71,9 +78,10 @@ class ProfileService:
         return str(self.runner.model_id)
 
     # ------------------------------------------------------------------ keys and checks
-    def fingerprint(self, labels: LabelSpec, n: int) -> Fingerprint:
-        """The engine fingerprint for (labels, N), cached (it hashes the chat template)."""
-        key = (labels, n)
+    def fingerprint(self, labels: LabelSpec | Labels, n: int) -> Fingerprint:
+        """The engine fingerprint for (labels, N), cached (it hashes the chat template);
+        resolved labels are not resolved again."""
+        key = (labels.spec if isinstance(labels, Labels) else labels, n)
         found = self._fingerprints.get(key)
         if found is None:
             if len(self._fingerprints) >= FINGERPRINT_CACHE_SIZE:  # custom labels vary freely
@@ -105,10 +113,48 @@ class ProfileService:
         return self.serving(self.key(name, self.fingerprint(labels, n).label_scheme, n))
 
     def serving(self, key: ProfileKey) -> Profile | None:
-        """The profile serving ``key`` (see :meth:`current`; blocking, off the event loop)."""
+        """The profile serving ``key`` (see :meth:`current`; blocking, off the event loop).
+        A version is checked against the engine once: the store hands out the same object
+        until a new version replaces it."""
         profile = self.store.get(key)
         if profile is None:
             return None
+        served = self._served.get(key)
+        if served is not None and served[0] is profile:
+            return profile
+        self._check(key, profile)
+        if len(self._served) >= SERVED_CACHE_SIZE:
+            self._served.pop(next(iter(self._served)))
+        self._served[key] = (profile, calibration_of(profile))
+        return profile
+
+    def calibration(self, profile: Profile) -> Calibration:
+        """B and P of a profile as arrays, built once per version served."""
+        served = self._served.get(self.key(profile.name, profile.label_scheme, profile.n))
+        if served is not None and served[0] is profile:
+            return served[1]
+        return calibration_of(profile)
+
+    def peek(self, key: ProfileKey) -> Profile | None:
+        """The replica's copy of ``key``'s current profile (no store round trip; it may be
+        called on the event loop)."""
+        return self.store.get(key)
+
+    async def get(self, key: ProfileKey) -> Profile | None:
+        """The current profile of ``key``, off the event loop."""
+        return await self.call("get", self.store.get, key)
+
+    def sizes(self, name: str, scheme: str) -> list[int]:
+        """The N that profile ``name`` has a current version for under these labels
+        (blocking: off the event loop)."""
+        return sorted(
+            k.n
+            for k in self.store.list_keys(self.model_id)
+            if k.name == name and k.label_scheme == scheme
+        )
+
+    def _check(self, key: ProfileKey, profile: Profile) -> None:
+        """ProfileMismatch when ``profile`` was calibrated under another engine."""
         diff = self.mismatches(profile)
         if diff:
             what = ", ".join(f"{k}: profile {a!r} vs engine {b!r}" for k, (a, b) in diff.items())
@@ -120,12 +166,14 @@ class ProfileService:
         return profile
 
     # ------------------------------------------------------------------ store calls
-    async def call(self, operation: str, fn: Callable[..., V], *args: Any) -> V:
-        """A store call off the event loop; failures counted by operation and translated."""
+    async def call(self, operation: str | None, fn: Callable[..., V], *args: Any) -> V:
+        """A store call off the event loop, the profile store's or the online store's: the
+        one translation of store errors into the service's. A profile store's outage is
+        counted by ``operation`` (None: an online-store call, not counted)."""
         try:
             return await run_in_threadpool(fn, *args)
         except StoreError as exc:
-            if isinstance(exc, StoreDown):
+            if isinstance(exc, StoreDown) and operation is not None:
                 self.metrics.store_errors.labels(operation=operation).inc()
             raise errors.translate(exc) or errors.StoreUnavailable(str(exc)) from exc
 
@@ -226,9 +274,9 @@ class ProfileService:
 
     def stored_key(self, name: str, labels: str, n: int) -> ProfileKey:
         """The store key of a (name, labels text, N) given on a profile route."""
+        spec = parse_label_text(labels)
         try:
-            scheme = stored_scheme(parse_labels(labels))
-            return self.key(name, scheme, n)
+            return self.key(name, stored_scheme(spec), n)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError too
             raise errors.InvalidLabels(
                 f"labels {labels[:80]!r} name no profile key: {str(exc).splitlines()[0][:200]}"

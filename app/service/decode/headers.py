@@ -1,4 +1,6 @@
-"""What an image's header and metadata may cost, checked before Pillow reads them.
+"""An image's header: what its header and metadata may cost, checked before Pillow reads
+them, and the format its first bytes name (``sniff_format``, for the 415 of a format that
+is not accepted).
 
 Pillow walks a JPEG's markers, a PNG's chunks and a GIF's extension blocks one at a time in
 Python, keeping every metadata segment: 2 M empty APP15 segments (8 MB) cost 5.7 s and
@@ -11,9 +13,10 @@ scan, a large ICC profile 255 APP2 chunks; libpng writes one IDAT chunk per 8 Ki
 
 from __future__ import annotations
 
+import io
 import struct
 
-from PIL import PngImagePlugin
+from PIL import Image, PngImagePlugin
 
 from app import errors
 
@@ -173,3 +176,50 @@ def check_header(raw: bytes, where: str) -> None:
         check_gif(raw, where)
     elif raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
         check_webp(raw, where)
+
+
+# Leading bytes of formats that are refused by name (415) rather than as unreadable (400).
+_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
+    (b"\xff\xd8\xff", 0, "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", 0, "PNG"),
+    (b"GIF8", 0, "GIF"),
+    (b"WEBP", 8, "WEBP"),
+    (b"BM", 0, "BMP"),
+    (b"II*\x00", 0, "TIFF"),
+    (b"MM\x00*", 0, "TIFF"),
+    (b"%PDF", 0, "PDF"),
+    (b"%!PS", 0, "PostScript/EPS"),
+    (b"\xc5\xd0\xd3\xc6", 0, "EPS"),
+    (b"8BPS", 0, "PSD"),
+    (b"\x00\x00\x01\x00", 0, "ICO"),
+    (b"ftypheic", 4, "HEIC"),
+    (b"ftypheix", 4, "HEIC"),
+    (b"ftypmif1", 4, "HEIF"),
+    (b"ftypavif", 4, "AVIF"),
+    (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"),
+    (b"\xffO\xffQ", 0, "JPEG 2000"),
+    (b"qoif", 0, "QOI"),
+    (b"DDS ", 0, "DDS"),
+    (b"v/1\x01", 0, "OpenEXR"),
+)
+
+
+_NAMED_BY_PILLOW = ("PPM", "PCX", "TGA", "SGI", "XBM", "ICNS")
+"""Formats without a fixed signature (TGA has none) that Pillow names from their header
+alone (their ``open`` reads a few bytes, never pixels); an image in one is refused by name
+(415) like the signatures above."""
+
+
+def sniff_format(raw: bytes) -> str | None:
+    """The format named by the first bytes (None if not recognised); never decodes."""
+    for magic, offset, name in _SIGNATURES:
+        if raw[offset : offset + len(magic)] == magic:
+            return name
+    head = raw[:256].lstrip().lower()
+    if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")):
+        return "SVG"
+    try:
+        with Image.open(io.BytesIO(raw), formats=_NAMED_BY_PILLOW) as image:
+            return str(image.format)
+    except Exception:  # not one of them: an unreadable image
+        return None

@@ -1,4 +1,5 @@
-"""The decode stage: wire input -> engine input, within the operator's limits, at bounded cost.
+"""The decoder of the decode stage: wire input -> engine input, within the operator's
+limits, at bounded cost.
 
 Runs before the queue (off the event loop), so a bad image or query is refused with a 4xx
 before it can take a place in a batch. The cost of a request is bounded before any pixel
@@ -41,8 +42,8 @@ from PIL import Image
 
 from app import errors
 from app.budget import PIXEL_BYTES, ByteBudget
-from app.engine.labels import Labels
-from app.image_headers import check_header
+from app.engine.labels import Labels, LabelSpec, parse_labels
+from app.service.decode.headers import check_header, sniff_format
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -75,51 +76,6 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-# Leading bytes of formats that are refused by name (415) rather than as unreadable (400).
-_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
-    (b"\xff\xd8\xff", 0, "JPEG"),
-    (b"\x89PNG\r\n\x1a\n", 0, "PNG"),
-    (b"GIF8", 0, "GIF"),
-    (b"WEBP", 8, "WEBP"),
-    (b"BM", 0, "BMP"),
-    (b"II*\x00", 0, "TIFF"),
-    (b"MM\x00*", 0, "TIFF"),
-    (b"%PDF", 0, "PDF"),
-    (b"%!PS", 0, "PostScript/EPS"),
-    (b"\xc5\xd0\xd3\xc6", 0, "EPS"),
-    (b"8BPS", 0, "PSD"),
-    (b"\x00\x00\x01\x00", 0, "ICO"),
-    (b"ftypheic", 4, "HEIC"),
-    (b"ftypheix", 4, "HEIC"),
-    (b"ftypmif1", 4, "HEIF"),
-    (b"ftypavif", 4, "AVIF"),
-    (b"\x00\x00\x00\x0cjP  ", 0, "JPEG 2000"),
-    (b"\xffO\xffQ", 0, "JPEG 2000"),
-    (b"qoif", 0, "QOI"),
-    (b"DDS ", 0, "DDS"),
-    (b"v/1\x01", 0, "OpenEXR"),
-)
-
-
-_NAMED_BY_PILLOW = ("PPM", "PCX", "TGA", "SGI", "XBM", "ICNS")
-"""Formats without a fixed signature (TGA has none) that Pillow names from their header
-alone (their ``open`` reads a few bytes, never pixels); an image in one is refused by name
-(415) like the signatures above."""
-
-
-def sniff_format(raw: bytes) -> str | None:
-    """The format named by the first bytes (None if not recognised); never decodes."""
-    for magic, offset, name in _SIGNATURES:
-        if raw[offset : offset + len(magic)] == magic:
-            return name
-    head = raw[:256].lstrip().lower()
-    if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")):
-        return "SVG"
-    try:
-        with Image.open(io.BytesIO(raw), formats=_NAMED_BY_PILLOW) as image:
-            return str(image.format)
-    except Exception:  # not one of them: an unreadable image
-        return None
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -226,6 +182,16 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+def parse_label_text(text: str) -> LabelSpec:
+    """A labels value sent as text (a form field, a profile route's query parameter): a
+    scheme name, a stored ``custom:<hash>``, a JSON list or a comma list. The one place label
+    text is read; text that names no labels is 422 ``invalid_labels``."""
+    try:
+        return parse_labels(text)
+    except ValueError as exc:
+        raise errors.InvalidLabels(f"labels {text[:80]!r}: {str(exc)[:200]}") from None
+
+
 class _Probe:
     """An opened (header-only) image with its checks done and its decode size chosen."""
 
@@ -282,7 +248,7 @@ class Decoder:
         start = time.perf_counter()
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
         if timings is not None:
-            timings["base64"] = (time.perf_counter() - start) * 1e3
+            timings["base64"] = timings.get("base64", 0.0) + (time.perf_counter() - start) * 1e3
         probes: list[_Probe] = []
         held = 0
         try:

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from app import decode, errors, image_headers
-from app.decode import Decoder, sniff_format, target_size
-from app.image_headers import check_header
+from app import errors
+from app.service.decode import Decoder, check_header, sniff_format, target_size
+from app.service.decode import decoder as decode
+from app.service.decode import headers as image_headers
 from app.settings import Settings
 from app.testing import hostile
 
