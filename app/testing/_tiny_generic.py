@@ -37,6 +37,7 @@ from app.models.generic import (
     with_stand_in_video,
 )
 from app.models.registry import supported_model_types
+from app.testing._tiny_generic_rope import derived_head_dim, next_power_of_two, sections_agree
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
@@ -130,6 +131,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+    if not sections_agree(model):  # built again with the rope sections its heads take
+        torch.manual_seed(seed)
+        model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
@@ -195,7 +199,10 @@ def text_head_dim(config: PretrainedConfig) -> int:
         head_dim = None
     if isinstance(head_dim, int) and head_dim > 0:
         return head_dim
-    return int(text.hidden_size) // int(text.num_attention_heads)
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    if hidden % heads:  # a default whose width does not divide among its heads
+        return next_power_of_two(hidden // heads)
+    return hidden // heads
 
 
 def shrink(config: PretrainedConfig) -> None:
@@ -209,6 +216,7 @@ def shrink(config: PretrainedConfig) -> None:
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
         old_depth = None
         heads, kv_heads = _first(sub, _HEAD_COUNTS), _first(sub, _KV_COUNTS)
+        old_rope_dim = vars(sub).get("qk_rope_head_dim")
         for key, value in list(vars(sub).items()):
             if isinstance(value, bool) or key.startswith("_"):
                 continue
@@ -234,6 +242,7 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, 1)
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
+        derived_head_dim(sub, old_rope_dim)
         _heads_for_head_dim(sub, width, keep_mha=heads is not None and heads == kv_heads)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):

@@ -1,0 +1,56 @@
+"""Rope layouts of a shrunk config made to agree with the heads they rotate.
+
+A default config may leave its rope layout to the modeling code (a multi-axis
+``mrope_section`` that code defaults to, laid out for a partial rotary factor the default
+config does not set) or to a derived field (``head_dim`` set from ``qk_rope_head_dim``
+when the config was made); a checkpoint saves them agreeing, so the tiny build does too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def next_power_of_two(value: int) -> int:
+    """The least power of two >= ``value`` (head dimensions of real checkpoints are)."""
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def derived_head_dim(config: Any, old_rope_dim: Any) -> None:
+    """A multi-head latent attention config's ``head_dim`` (the rotary part's width, derived
+    from ``qk_rope_head_dim`` when the config was made) and ``qk_head_dim`` follow the
+    shrunk ``qk_rope_head_dim``."""
+    fields = vars(config)
+    rope_dim = fields.get("qk_rope_head_dim")
+    if not isinstance(rope_dim, int) or not isinstance(old_rope_dim, int):
+        return
+    if fields.get("head_dim") == old_rope_dim:
+        config.head_dim = rope_dim
+    if isinstance(fields.get("qk_head_dim"), int) and isinstance(
+        fields.get("qk_nope_head_dim"), int
+    ):
+        config.qk_head_dim = config.qk_nope_head_dim + rope_dim
+
+
+def sections_agree(model: torch.nn.Module) -> bool:
+    """Whether every rotary module's ``mrope_section`` covers its frequencies; where one does
+    not (the modeling code's default section, laid out for another rotary width), its
+    config's ``rope_parameters`` get the section scaled to the frequencies and False is
+    returned (the model must be built again from the config)."""
+    agree = True
+    for module in model.modules():
+        section = getattr(module, "mrope_section", None)
+        freqs = getattr(module, "inv_freq", None)
+        config = getattr(module, "config", None)
+        if not isinstance(section, (list, tuple)) or not isinstance(freqs, torch.Tensor):
+            continue
+        total, wanted = sum(section), int(freqs.numel())
+        if total == wanted or config is None or not total:
+            continue
+        scaled = [s * wanted // total for s in section]
+        scaled[-1] += wanted - sum(scaled)
+        config.rope_parameters = {**(config.rope_parameters or {}), "mrope_section": scaled}
+        agree = False
+    return agree
