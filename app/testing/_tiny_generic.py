@@ -37,6 +37,7 @@ from app.models.generic import (
     with_stand_in_video,
 )
 from app.models.registry import supported_model_types
+from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_rope import derived_head_dim, next_power_of_two, sections_agree
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
@@ -110,6 +111,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
             setattr(config, key, sub_cls())
     shrink(config)
+    add_read_delimiters(config, _model_class(model_type))
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
