@@ -38,7 +38,12 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.testing._tiny_generic_fields import add_read_delimiters
-from app.testing._tiny_generic_rope import derived_head_dim, next_power_of_two, sections_agree
+from app.testing._tiny_generic_layout import (
+    derived_head_dim,
+    next_power_of_two,
+    sections_agree,
+    shuffled_widths,
+)
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
@@ -56,7 +61,8 @@ CONTEXT = 8192
 _WIDTHS = re.compile(
     r"^(hidden_size|d_model|embed_dim|n_embd|width|hidden_dim|dim|projection_dim"
     r"|out_hidden_size|projector_hidden_size|projection_hidden_size|text_hidden_size|vision_hidden_size"
-    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim)$"
+    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim"
+    r"|vision_output_dim|projector_input_dim|projector_output_dim)$"
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
@@ -245,6 +251,7 @@ def shrink(config: PretrainedConfig) -> None:
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
         derived_head_dim(sub, old_rope_dim)
+        shuffled_widths(sub, width)
         _heads_for_head_dim(sub, width, keep_mha=heads is not None and heads == kv_heads)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
@@ -676,6 +683,14 @@ def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> Non
             value = getattr(owner, key, None) if owner is not None else None
             if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
                 setattr(owner, key, counted.most_common(1)[0][0])
+            elif isinstance(value, int) and _only_opens(value, counted):
+                setattr(owner, key, counted.most_common(1)[0][0])
+
+
+def _only_opens(token: int, counted: Counter) -> bool:
+    """Whether ``token`` is written once in an image's expansion that repeats another token
+    (Llama 4's ``<|image|>`` opening 256 ``<|patch|>``): the repeated one takes the features."""
+    return counted.get(token) == 1 and counted.most_common(1)[0][1] > 1
 
 
 def _set_token_ids(config: PretrainedConfig, processor: Any) -> None:

@@ -1,9 +1,12 @@
-"""Rope layouts of a shrunk config made to agree with the heads they rotate.
+"""Layouts of a shrunk config made to agree: rope sections with the heads they rotate,
+widths with the layers that take them.
 
 A default config may leave its rope layout to the modeling code (a multi-axis
 ``mrope_section`` that code defaults to, laid out for a partial rotary factor the default
 config does not set) or to a derived field (``head_dim`` set from ``qk_rope_head_dim``
-when the config was made); a checkpoint saves them agreeing, so the tiny build does too.
+when the config was made), or hold widths that agree only in a checkpoint (a tower
+pixel-shuffling its patches into ``intermediate_size`` channels); a checkpoint saves them
+agreeing, so the tiny build does too.
 """
 
 from __future__ import annotations
@@ -54,3 +57,15 @@ def sections_agree(model: torch.nn.Module) -> bool:
         config.rope_parameters = {**(config.rope_parameters or {}), "mrope_section": scaled}
         agree = False
     return agree
+
+
+def shuffled_widths(config: Any, width: int) -> None:
+    """A tower that pixel-shuffles its patches by ``pixel_shuffle_ratio`` r turns each
+    ``width``-wide feature into width / r² channels, which the layer after it takes as
+    ``intermediate_size``: that width, so the shuffled features fit it."""
+    ratio = vars(config).get("pixel_shuffle_ratio")
+    if not isinstance(ratio, float) or not 0 < ratio < 1:
+        return
+    shuffled = round(width / ratio**2)
+    if isinstance(vars(config).get("intermediate_size"), int):
+        config.intermediate_size = shuffled
