@@ -40,6 +40,7 @@ from app.models.registry import supported_model_types
 from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
+    merged_widths,
     next_power_of_two,
     sections_agree,
     shuffled_widths,
@@ -219,6 +220,7 @@ def shrink(config: PretrainedConfig) -> None:
     new depth, a hybrid decoder keeping at least one full-attention layer)."""
     width = HEADS * text_head_dim(config)
     text = getattr(config, "text_config", None)
+    merged = merged_widths(_configs(config), text)
     for sub in _configs(config):
         is_text = sub is text or (text is None and sub is config)
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
@@ -229,8 +231,9 @@ def shrink(config: PretrainedConfig) -> None:
             if isinstance(value, bool) or key.startswith("_"):
                 continue
             if isinstance(value, int):
-                if _WIDTHS.match(key):
-                    setattr(sub, key, width)
+                if _WIDTHS.match(key):  # a merged tower's width stays that multiple
+                    merges = merged.get(value, 1) if sub is not text and key != "hidden_size" else 1
+                    setattr(sub, key, width * merges)
                 elif _INTERMEDIATE.search(key):
                     setattr(sub, key, 2 * width if "moe" not in key else width)
                 elif _DEPTHS.match(key):

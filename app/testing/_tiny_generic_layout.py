@@ -69,3 +69,23 @@ def shuffled_widths(config: Any, width: int) -> None:
     shuffled = round(width / ratio**2)
     if isinstance(vars(config).get("intermediate_size"), int):
         config.intermediate_size = shuffled
+
+
+_MERGES = ("merge_size", "spatial_merge_size")
+
+
+def merged_widths(configs: list[Any], text: Any) -> dict[int, int]:
+    """Default widths of merged vision features: a tower of width h merging m x m patches
+    gives h·m² channels, which a field elsewhere (``out_hidden_size``) may hold as a number
+    of its own. {h·m²: m²} over the towers of ``configs`` (the text config left out)."""
+    found: dict[int, int] = {}
+    for config in configs:
+        if config is text:
+            continue
+        fields = vars(config)
+        hidden = fields.get("hidden_size")
+        for key in _MERGES:
+            merge = fields.get(key)
+            if isinstance(hidden, int) and isinstance(merge, int) and merge > 1:
+                found[hidden * merge * merge] = merge * merge
+    return found
