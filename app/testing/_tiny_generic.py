@@ -40,6 +40,7 @@ from app.models.registry import supported_model_types
 from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
+    layer_ids_inside,
     merged_widths,
     next_power_of_two,
     sections_agree,
@@ -259,6 +260,7 @@ def shrink(config: PretrainedConfig) -> None:
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
             _cut_layer_lists(sub, new_depth, old_depth)
+        layer_ids_inside(sub, new_depth if isinstance(new_depth, int) else VISION_LAYERS)
         _pick_feature_layers(sub)
 
 

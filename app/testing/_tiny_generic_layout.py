@@ -11,6 +11,7 @@ agreeing, so the tiny build does too.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -89,3 +90,16 @@ def merged_widths(configs: list[Any], text: Any) -> dict[int, int]:
             if isinstance(hidden, int) and isinstance(merge, int) and merge > 1:
                 found[hidden * merge * merge] = merge * merge
     return found
+
+
+_LAYER_ID = re.compile(r"_layer_(id|idx|index)$")
+
+
+def layer_ids_inside(config: Any, depth: int) -> None:
+    """A single layer index (``insert_layer_id``: the layer after which a tower merges its
+    patches) kept inside the shrunk depth; past it the layer would never be reached while
+    the code after the tower still counts on it."""
+    for key, value in list(vars(config).items()):
+        if _LAYER_ID.search(key) and isinstance(value, int) and not isinstance(value, bool):
+            if value >= depth:
+                setattr(config, key, depth - 1)
