@@ -37,6 +37,7 @@ from app.models.generic import (
     with_stand_in_video,
 )
 from app.models.registry import supported_model_types
+from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
@@ -46,7 +47,6 @@ from app.testing._tiny_generic_layout import (
     sections_agree,
     shuffled_widths,
 )
-from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -686,9 +686,9 @@ def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> Non
     for owner in (config, getattr(config, "text_config", None)):
         for key in ("image_token_id", "image_token_index"):
             value = getattr(owner, key, None) if owner is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
-                setattr(owner, key, counted.most_common(1)[0][0])
-            elif isinstance(value, int) and _only_opens(value, counted):
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if value not in ids or _only_opens(value, counted):
                 setattr(owner, key, counted.most_common(1)[0][0])
 
 

@@ -100,6 +100,6 @@ def layer_ids_inside(config: Any, depth: int) -> None:
     patches) kept inside the shrunk depth; past it the layer would never be reached while
     the code after the tower still counts on it."""
     for key, value in list(vars(config).items()):
-        if _LAYER_ID.search(key) and isinstance(value, int) and not isinstance(value, bool):
-            if value >= depth:
-                setattr(config, key, depth - 1)
+        is_index = isinstance(value, int) and not isinstance(value, bool)
+        if _LAYER_ID.search(key) and is_index and value >= depth:
+            setattr(config, key, depth - 1)
