@@ -43,6 +43,7 @@ _DELIMITER_KEY = re.compile(
     r"^(boi|eoi|(image|vision|img)_?(start|end|begin|open|close))_token(_id|_index)?$"
 )
 _FULL_ATTENTION = "full_attention"
+_INDEXED = "indexed_attention"
 _SPAN_CACHE_ROWS = 256
 
 
@@ -113,11 +114,26 @@ def full_attention_layers(text_config: Any) -> tuple[int, ...]:
     if kinds is None:
         return tuple(range(depth))
     no_window = getattr(text_config, "sliding_window", None) is None
+    indexed = index_topk(text_config) is not None
     return tuple(
         i
         for i, kind in enumerate(kinds)
-        if kind == _FULL_ATTENTION or (no_window and kind == "sliding_attention")
+        if kind == _FULL_ATTENTION
+        or (no_window and kind == "sliding_attention")
+        or (indexed and kind == _INDEXED)
     )
+
+
+def index_topk(text_config: Any) -> int | None:
+    """Keys an ``indexed_attention`` layer keeps per query (``index_topk``, DeepSeek-style
+    sparse attention): its indexer picks the top k of the keys a query may see, so a
+    sequence of at most k tokens keeps every key and the layer is full attention. None
+    where the config names no such k."""
+    kinds = layer_kinds(text_config) or []
+    topk = getattr(text_config, "index_topk", None)
+    if _INDEXED not in kinds or not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        return None
+    return topk
 
 
 class GenericAdapter(HFAdapter):
@@ -332,6 +348,15 @@ class GenericAdapter(HFAdapter):
             if layers is None:
                 raise
             return layers
+
+    def context_length(self) -> int | None:
+        """The base's limit, and no more than an indexed layer's ``index_topk``: past it the
+        layer's softmax would cover only the keys its indexer picked, not every image."""
+        limit = super().context_length()
+        topk = index_topk(self.text_config())
+        if topk is None:
+            return limit
+        return topk if limit is None else min(limit, topk)
 
     def end_token_id(self) -> int:
         """The token the chat template writes right after an assistant's answer (end of

@@ -38,6 +38,15 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing._tiny_generic_fields import add_read_delimiters
+from app.testing._tiny_generic_layout import (
+    derived_head_dim,
+    layer_ids_inside,
+    merged_widths,
+    next_power_of_two,
+    sections_agree,
+    shuffled_widths,
+)
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -54,7 +63,8 @@ CONTEXT = 8192
 _WIDTHS = re.compile(
     r"^(hidden_size|d_model|embed_dim|n_embd|width|hidden_dim|dim|projection_dim"
     r"|out_hidden_size|projector_hidden_size|projection_hidden_size|text_hidden_size|vision_hidden_size"
-    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim)$"
+    r"|proj_dim|mm_hidden_size|output_dim|codebook_dim"
+    r"|vision_output_dim|projector_input_dim|projector_output_dim)$"
 )
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
@@ -109,6 +119,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
             setattr(config, key, sub_cls())
     shrink(config)
+    add_read_delimiters(config, _model_class(model_type))
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
@@ -130,6 +141,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+    if not sections_agree(model):  # built again with the rope sections its heads take
+        torch.manual_seed(seed)
+        model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
@@ -195,7 +209,10 @@ def text_head_dim(config: PretrainedConfig) -> int:
         head_dim = None
     if isinstance(head_dim, int) and head_dim > 0:
         return head_dim
-    return int(text.hidden_size) // int(text.num_attention_heads)
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    if hidden % heads:  # a default whose width does not divide among its heads
+        return next_power_of_two(hidden // heads)
+    return hidden // heads
 
 
 def shrink(config: PretrainedConfig) -> None:
@@ -204,17 +221,20 @@ def shrink(config: PretrainedConfig) -> None:
     new depth, a hybrid decoder keeping at least one full-attention layer)."""
     width = HEADS * text_head_dim(config)
     text = getattr(config, "text_config", None)
+    merged = merged_widths(_configs(config), text)
     for sub in _configs(config):
         is_text = sub is text or (text is None and sub is config)
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
         old_depth = None
         heads, kv_heads = _first(sub, _HEAD_COUNTS), _first(sub, _KV_COUNTS)
+        old_rope_dim = vars(sub).get("qk_rope_head_dim")
         for key, value in list(vars(sub).items()):
             if isinstance(value, bool) or key.startswith("_"):
                 continue
             if isinstance(value, int):
-                if _WIDTHS.match(key):
-                    setattr(sub, key, width)
+                if _WIDTHS.match(key):  # a merged tower's width stays that multiple
+                    merges = merged.get(value, 1) if sub is not text and key != "hidden_size" else 1
+                    setattr(sub, key, width * merges)
                 elif _INTERMEDIATE.search(key):
                     setattr(sub, key, 2 * width if "moe" not in key else width)
                 elif _DEPTHS.match(key):
@@ -234,10 +254,13 @@ def shrink(config: PretrainedConfig) -> None:
                     setattr(sub, key, 1)
                 elif key == "first_k_dense_replace":
                     setattr(sub, key, min(value, 1))
+        derived_head_dim(sub, old_rope_dim)
+        shuffled_widths(sub, width)
         _heads_for_head_dim(sub, width, keep_mha=heads is not None and heads == kv_heads)
         new_depth = getattr(sub, "num_hidden_layers", None) or getattr(sub, "depth", None)
         if isinstance(new_depth, int):
             _cut_layer_lists(sub, new_depth, old_depth)
+        layer_ids_inside(sub, new_depth if isinstance(new_depth, int) else VISION_LAYERS)
         _pick_feature_layers(sub)
 
 
@@ -663,8 +686,16 @@ def _image_token_from_expansion(config: PretrainedConfig, processor: Any) -> Non
     for owner in (config, getattr(config, "text_config", None)):
         for key in ("image_token_id", "image_token_index"):
             value = getattr(owner, key, None) if owner is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if value not in ids or _only_opens(value, counted):
                 setattr(owner, key, counted.most_common(1)[0][0])
+
+
+def _only_opens(token: int, counted: Counter) -> bool:
+    """Whether ``token`` is written once in an image's expansion that repeats another token
+    (Llama 4's ``<|image|>`` opening 256 ``<|patch|>``): the repeated one takes the features."""
+    return counted.get(token) == 1 and counted.most_common(1)[0][1] > 1
 
 
 def _set_token_ids(config: PretrainedConfig, processor: Any) -> None:

@@ -113,6 +113,46 @@ def test_lambda_holds_only_full_attention_layers() -> None:
     assert full_attention_layers(text) == tuple(range(8))
 
 
+def test_indexed_layers_with_a_top_k_are_full_attention_up_to_k() -> None:
+    from transformers import MistralLarge4Config
+
+    config = MistralLarge4Config()
+    text = config.text_config
+    assert set(text.layer_types) == {"indexed_attention"} and text.index_topk == 2048
+    assert refusal(config) is None
+    assert full_attention_layers(text) == tuple(range(text.num_hidden_layers))
+    # without an index_topk (test_refusals_name_the_reason's sparse config) it stays refused
+
+
+@pytest.mark.slow
+def test_an_indexed_layer_keeps_every_key_only_within_its_top_k() -> None:
+    """Within ``index_topk`` tokens every key the causal mask allows gets weight in every
+    indexed layer (the softmax covers the whole prompt); past it the indexer drops keys, and
+    the runner refuses such a prompt before any forward (the context is capped at k)."""
+    from app.engine.attention import eager_attentions
+    from app.engine.interface import PromptTooLongError
+
+    model, processor = build_tiny("mistral_large4")
+    runner = make_runner(model, processor, model_id="tiny-mistral_large4")
+    items = mixed_items(seed=1)[:1]
+    batch = runner.process(items)
+    tokens = int(batch.attention_mask.sum())
+    assert runner.adapter.context_length() == model.config.text_config.index_topk > tokens
+
+    def zero_weights() -> int:
+        attentions = eager_attentions(model, runner.adapter, batch)
+        return sum(int((a[0, :, -1, :] == 0).sum()) for a in attentions if a is not None)
+
+    assert zero_weights() == 0
+    for module in model.modules():
+        if hasattr(module, "index_topk"):
+            module.index_topk = tokens // 2
+    assert zero_weights() > 0  # a k under the prompt's length: keys left out
+    model.config.text_config.index_topk = tokens // 2
+    with pytest.raises(PromptTooLongError):
+        runner.forward(items)
+
+
 @pytest.fixture(scope="module")
 def generic_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """A generic tiny build (a type with no adapter and no builder of its own), written by
