@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "idle, slow, vanishing and mis-framed connections: cost, and "
         "whether ordinary requests get through",
     ),
+    "bench cache": (
+        "app.bench.cache",
+        "measure the encoder cache: perm_avg, rerank and a Zipf stream with it off and on",
+    ),
     "bench online": (
         "app.bench.online",
         "time the evidence cache and feedback per store backend (online calibration)",

@@ -59,6 +59,7 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
         device_map=settings.device_map,
         trust_remote_code=settings.trust_remote_code,
         served_model_name=settings.served_model_name,
+        encoder_cache_mb=settings.encoder_cache_mb,
     )
 
 

@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description='transformers device_map, e.g. "auto" to spread a model over '
         "several GPUs (unset: the whole model on LAD_DEVICE)",
     )
+    encoder_cache_mb: float = Field(
+        256,
+        ge=0,
+        description="bound of the encoder cache (image embeddings by content, shared by the "
+        "replica's requests; docs/benchmarks.md), in MiB; 0 turns it off",
+    )
     trust_remote_code: bool = Field(
         False,
         description="run the Python code a checkpoint ships (model families outside "

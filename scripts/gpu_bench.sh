@@ -7,8 +7,8 @@
 #   GPU_BENCH_DEVICE=cpu OUT=/tmp/g scripts/gpu_bench.sh   the same steps, tiny, on the CPU
 #                                                          (a rehearsal of the script itself)
 #
-# Steps, each under its own time limit so a slow one cannot starve the rest (at most 8 min
-# in all, the limits below sum to 480 s; each step rewrites its JSON after every cell, so
+# Steps, each under its own time limit so a slow one cannot starve the rest (at most 9.5 min
+# in all, the limits below sum to 570 s; each step rewrites its JSON after every cell, so
 # one cut short keeps what it measured). Every record names the device. The first H200
 # run (bench/results/gpu/h200_run1.json) used limits a third of these and every step ran
 # out of time:
@@ -23,7 +23,10 @@
 #      step 2;
 #   6. issue 23: throughput of the runner at batch 1, 4 and 16 (agd requests in one forward)
 #      and the perm_avg request's latency against agd, on the 3B shape in bf16 at ~1.5k
-#      tokens, N = 4, with the peak GPU memory of each (`lad bench engine --batch`).
+#      tokens, N = 4, with the peak GPU memory of each (`lad bench engine --batch`);
+#   7. issue 31: the encoder cache off vs on on the 3B shape in bf16 at ~1.7k tokens (N = 4)
+#      and N = 12: perm_avg's N orderings against the limit (V + N·L) / (N·(V + L)), a
+#      64-document rerank, a Zipf stream's throughput, memory at the bound (`lad bench cache`).
 # Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
 # with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
 # GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
@@ -75,6 +78,7 @@ if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
   # 224: a whole, even head size over the 3B's 16 heads and the 7B's 28
   SHAPE_ARGS="--width 224 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
   BATCH_ARGS="--width 128 --tokens 300 --n 2 --reps 1 --batch 1,4"
+  CACHE_ARGS="--width 128 --side 112 --n 4 --reps 1 --rerank-docs 16 --stream 8 --bound-entries 8"
 else
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA device here: the GPU benchmarks are skipped (env.json says \"cuda\": false)"
@@ -83,6 +87,7 @@ else
   DEV=cuda; TOKENS=1500,6000,16000; REPS=5; SVC_REQ=64; LARGE=4
   DTYPES=float32,bfloat16; SHAPE_ARGS="--tokens 1500,6000 --n 2,4,8,12 --reps 3"
   BATCH_ARGS="--tokens 1500 --n 4 --reps 3 --batch 1,4,16"
+  CACHE_ARGS="--side 532 --n 4,12 --reps 3 --stream 48 --bound-entries 64 --threads 4"
   ATTN_MODELS=demo,tiny-qwen2_5_vl,shape:qwen2_5_vl-3b
 fi
 
@@ -110,4 +115,7 @@ done
 # shellcheck disable=SC2086
 step 60 throughput "$PY" -m app.cli bench engine --model shape:qwen2_5_vl-3b --device "$DEV" \
   --dtype "$BF16" $BATCH_ARGS --out "$OUT/throughput_shape_qwen2_5_vl-3b.json"
+# shellcheck disable=SC2086
+step 90 cache "$PY" -m app.cli bench cache --model shape:qwen2_5_vl-3b --device "$DEV" \
+  --dtype "$BF16" $CACHE_ARGS --out "$OUT/cache_shape_qwen2_5_vl-3b.json"
 ls -la "$OUT"

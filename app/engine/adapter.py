@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import torch
 from PIL import Image
 
+from app.engine.encoder_split import EncoderSplit
+
 
 @dataclass
 class PromptBatch:
@@ -127,4 +129,13 @@ class FamilyAdapter(Protocol):
 
     def text_attn_implementation(self) -> str | None:
         """The language model's current attention implementation."""
+        ...
+
+    def vision_attn_implementation(self) -> str | None:
+        """The vision tower's attention implementation (part of the encoder cache's key)."""
+        ...
+
+    def encoder_split(self) -> EncoderSplit | None:
+        """How the pixel inputs split into independently encoded units, for the encoder
+        cache (``app.engine.encoder_split``); None: the family's calls bypass it."""
         ...

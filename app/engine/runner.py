@@ -41,6 +41,7 @@ from app.engine.attention import (
     default_layers,
     enable_capture,
 )
+from app.engine.encoder_cache import EncoderCache
 from app.engine.fold import chain_path, fold_batch, folded_scoring
 from app.engine.head import install_label_head, label_head
 from app.engine.identity import config_hash, weights_hash
@@ -94,6 +95,7 @@ class Runner:
         layers: Sequence[int] | None = None,
         prompt_variant: str = "vanilla",
         threads: int | None = None,
+        encoder_cache_mb: float = 0,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(int(threads))
@@ -127,6 +129,11 @@ class Runner:
         self._lock = threading.Lock()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
         self._fold_chains = True  # False forces the cached-step path (tests compare both)
+        self.encoder_cache = EncoderCache(  # image embeddings by content (LAD_ENCODER_CACHE_MB)
+            encoder_cache_mb,
+            f"{self.config_hash}|{self.weights_hash}|{self.dtype}|"
+            f"{self.adapter.vision_attn_implementation()}",
+        )
 
     # ---- properties -------------------------------------------------------------------
     @property
@@ -338,6 +345,14 @@ class Runner:
         )
 
     def _capture_forward(
+        self, batch: PromptBatch, query_index: torch.Tensor | None, *args: Any, **kwargs: Any
+    ) -> tuple[Any, list[np.ndarray]]:
+        """``_captured_forward`` with the image features through the encoder cache."""
+        split = self.adapter.encoder_split()
+        with self.encoder_cache.serving(self.model, split, sum(batch.n_images)):
+            return self._captured_forward(batch, query_index, *args, **kwargs)
+
+    def _captured_forward(
         self,
         batch: PromptBatch,
         query_index: torch.Tensor | None,

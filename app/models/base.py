@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from app.engine.adapter import PromptBatch
+from app.engine.encoder_split import EncoderSplit
 
 
 class HFAdapter:
@@ -46,6 +47,9 @@ class HFAdapter:
     doc_layout: ClassVar[str] = ""
     doc_pixel_knob: ClassVar[str] = ""
     doc_tested: ClassVar[str] = ""
+    # how the pixel inputs split into independently encoded units (app.engine.encoder_split);
+    # None: the family's image features bypass the encoder cache
+    encoder_units: ClassVar[EncoderSplit | None] = None
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
@@ -291,6 +295,10 @@ class HFAdapter:
 
     def text_attn_implementation(self) -> str | None:
         return getattr(self.text_config(), "_attn_implementation", None)
+
+    def encoder_split(self) -> EncoderSplit | None:
+        """The family's split for the encoder cache (``encoder_units``)."""
+        return self.encoder_units
 
     def vision_attn_implementation(self) -> str | None:
         vision = getattr(self.config, self.vision_config_key, None)

@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 from transformers import Gemma3Processor
 
+from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, images_per_prompt
 from app.models.registry import register
 
@@ -40,6 +41,8 @@ class Gemma3Adapter(HFAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("gemma3",)
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<start_of_image>", "<end_of_image>")
     end_token: ClassVar[str | None] = "<end_of_turn>"
+    # one pixel_values row per image (pan-and-scan crops make more rows: uncached then)
+    encoder_units: ClassVar[EncoderSplit | None] = FirstDim()
     processor_class: ClassVar[type | None] = Gemma3Processor
     processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_length",)
     doc_layout: ClassVar[str] = (

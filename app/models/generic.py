@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 
 from app.engine.adapter import PromptBatch
+from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, images_per_prompt
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
@@ -143,6 +144,8 @@ class GenericAdapter(HFAdapter):
     chat_template_kwargs: ClassVar[dict[str, Any]] = {"enable_thinking": False}
     doc_layout: ClassVar[str] = "whatever the processor expands each image into (its own offsets)"
     doc_pixel_knob: ClassVar[str] = "the image processor's own size (no LAD_MAX_PIXELS)"
+    # one pixel_values row per image when the call has exactly one per image, else uncached
+    encoder_units: ClassVar[EncoderSplit | None] = FirstDim()
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)

@@ -25,6 +25,7 @@ from PIL import Image
 from transformers import Idefics3Processor, SmolVLMProcessor
 from transformers.processing_utils import ProcessorMixin
 
+from app.engine.encoder_split import EncoderSplit, Tiles
 from app.models.base import (
     HFAdapter,
     images_per_prompt,
@@ -48,6 +49,8 @@ class Idefics3Adapter(HFAdapter):
 
     model_types: ClassVar[tuple[str, ...]] = ("idefics3",)
     end_token: ClassVar[str | None] = "<end_of_utterance>"
+    # one unit per real tile of pixel_values (rows, tiles, C, H, W)
+    encoder_units: ClassVar[EncoderSplit | None] = Tiles()
     processor_class: ClassVar[type | None] = Idefics3Processor
     processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_len",)
     doc_layout: ClassVar[str] = (

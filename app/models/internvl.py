@@ -23,6 +23,7 @@ from PIL import Image
 from transformers import InternVLProcessor
 
 from app.engine.adapter import PromptBatch
+from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, without_video_processor
 from app.models.registry import register
 
@@ -38,6 +39,8 @@ class InternVLAdapter(HFAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("internvl",)
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<img>", "</img>")
     end_token: ClassVar[str | None] = "<|im_end|>"
+    # one pixel_values row per tile, each encoded on its own
+    encoder_units: ClassVar[EncoderSplit | None] = FirstDim(per_image=False)
     processor_class: ClassVar[type | None] = InternVLProcessorNoVideo
     processor_settings: ClassVar[tuple[str, ...]] = ("image_seq_length",)
     doc_layout: ClassVar[str] = (

@@ -141,6 +141,7 @@ def load_runner(
     device_map: str | None = None,
     trust_remote_code: bool = False,
     served_model_name: str | None = None,
+    encoder_cache_mb: float = 0,
 ) -> Runner:
     """Load ``model`` (hub name, local directory, or ``"demo"``) and wrap it in a Runner.
 
@@ -151,7 +152,9 @@ def load_runner(
     ``max_pixels`` / ``min_pixels`` bound each image's pixels through the family's
     processor; ``device_map`` (e.g. "auto", needs the ``accelerate`` package) spreads the
     model over several devices instead of moving it to ``device``. ``trust_remote_code``
-    runs the Python code a checkpoint ships (off by default; logged as a warning). Progress
+    runs the Python code a checkpoint ships (off by default; logged as a warning).
+    ``encoder_cache_mb`` bounds the runner's encoder cache (0: off; the service passes
+    LAD_ENCODER_CACHE_MB). Progress
     goes to the log as plain lines; nothing is written to HF_HOME. Raises ModelLoadError
     with what to do when the model cannot be found.
     """
@@ -216,6 +219,7 @@ def load_runner(
         revision=revision,
         layers=layers,
         prompt_variant=prompt_variant,
+        encoder_cache_mb=encoder_cache_mb,
     )
     log.info(
         "model %s loaded in %.1f s as %r (config %s, weights %s; layers Λ = %s)",

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, longest_edge_budget, size_field
 from app.models.registry import register
 
@@ -69,6 +70,9 @@ class Mistral3Adapter(HFAdapter):
 
     model_types: ClassVar[tuple[str, ...]] = ("mistral3",)
     processor_class: ClassVar[type | None] = PixtralProcessor
+    # one (padded) pixel_values row and image_sizes row per image; Pixtral crops each to its
+    # size and attends within it
+    encoder_units: ClassVar[EncoderSplit | None] = FirstDim()
     processor_settings: ClassVar[tuple[str, ...]] = (
         "patch_size",
         "spatial_merge_size",

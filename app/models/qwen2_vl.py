@@ -22,6 +22,7 @@ from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from app.engine.adapter import PromptBatch
+from app.engine.encoder_split import EncoderSplit, GridRows
 from app.models import qwen_inputs
 from app.models.base import HFAdapter, size_field, without_video_processor
 from app.models.image_dedup import image_sources, unique_image_features
@@ -47,6 +48,9 @@ class Qwen2VLAdapter(HFAdapter):
     delimiter_id_keys: ClassVar[tuple[str, str]] = ("vision_start_token_id", "vision_end_token_id")
     # times the processor's pixel range counts an image's area (GLM-4V: its 2 temporal patches)
     pixel_budget_frames: ClassVar[int] = 1
+    # each image's patches are pixel_values rows t*h*w of its grid row (the tower attends
+    # within each image only)
+    encoder_units: ClassVar[EncoderSplit | None] = GridRows()
     doc_layout: ClassVar[str] = (
         "`<|vision_start|>` + `<|image_pad|>` × pixels / 784 + `<|vision_end|>` per image; "
         "3-D mrope positions"

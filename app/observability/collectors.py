@@ -7,9 +7,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 ProfileRow = tuple[str, str, int, int, float, "list[float] | None"]
@@ -75,6 +76,38 @@ class GpuMemoryCollector(Collector):
                 total = cuda.get_device_properties(index).total_memory
                 family.add_metric([device, "total"], float(total))
         yield family
+
+
+class EncoderCacheCollector(Collector):
+    """The encoder cache's counters and size, read at scrape time from the runner's cache
+    (``EncoderCache.snapshot``; app.engine.encoder_cache): lad_encoder_cache_hits_total,
+    _misses_total, _evictions_total, _bypassed_total (calls it could not split), and the
+    gauges lad_encoder_cache_bytes, _capacity_bytes (LAD_ENCODER_CACHE_MB) and _entries.
+    Nothing until a runner with a cache is watched."""
+
+    COUNTERS: ClassVar[dict[str, str]] = {
+        "hits": "Image units (images or tiles) whose embeddings came from the encoder cache",
+        "misses": "Image units the vision tower encoded (then kept in the encoder cache)",
+        "evictions": "Encoder cache entries dropped to stay within LAD_ENCODER_CACHE_MB",
+        "bypassed": "get_image_features calls that ran uncached (no split for the call)",
+    }
+    GAUGES: ClassVar[dict[str, str]] = {
+        "bytes": "Bytes of image embeddings the encoder cache holds",
+        "capacity_bytes": "The encoder cache's bound (LAD_ENCODER_CACHE_MB)",
+        "entries": "Image units the encoder cache holds",
+    }
+
+    def __init__(self) -> None:
+        self.source: Callable[[], dict[str, int]] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        snapshot = self.source() if self.source is not None else None
+        if snapshot is None:
+            return
+        for name, text in self.COUNTERS.items():
+            yield CounterMetricFamily(f"lad_encoder_cache_{name}", text, value=snapshot[name])
+        for name, text in self.GAUGES.items():
+            yield GaugeMetricFamily(f"lad_encoder_cache_{name}", text, value=snapshot[name])
 
 
 def package_version() -> str:

@@ -43,6 +43,7 @@ from prometheus_client import (
 from app import errors
 from app.method.methods import NEEDS_CALIBRATION
 from app.observability.collectors import (
+    EncoderCacheCollector,
     GpuMemoryCollector,
     ProfileCollector,
     ProfileRow,
@@ -116,6 +117,8 @@ class Metrics:
         self._profiles = ProfileCollector(lambda: iter(()))
         r.register(self._profiles)
         r.register(GpuMemoryCollector())
+        self._encoder_cache = EncoderCacheCollector()
+        r.register(self._encoder_cache)
 
     # ------------------------------------------------------------------ declarations
     def _http(self, r: CollectorRegistry) -> None:
@@ -353,6 +356,10 @@ class Metrics:
 
         self.store_degraded.set_function(flag(lambda h: not h.get("ok", False)))
         self.store_writes_failing.set_function(flag(lambda h: h.get("writes") == "failing"))
+
+    def watch_encoder_cache(self, snapshot: Callable[[], dict[str, int]]) -> None:
+        """The ``lad_encoder_cache_*`` series from the runner's cache (read at scrape time)."""
+        self._encoder_cache.source = snapshot
 
     def watch_profiles(self, source: Callable[[], Iterable[ProfileRow]]) -> None:
         self._profiles.source = source

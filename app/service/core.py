@@ -68,6 +68,9 @@ class Service:
         self.handlers = Handlers.build(self.pipeline, self.online)
         metrics.set_model_info(self.model_info())
         metrics.watch_store(store.health)
+        cache = getattr(runner, "encoder_cache", None)  # stand-in runners have none
+        if cache is not None:
+            metrics.watch_encoder_cache(cache.snapshot)
 
     @property
     def model_id(self) -> str:

@@ -214,6 +214,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str | None]:
         "overhead": lambda: _overhead(results),
         "service": lambda: _map(_load(results / "service_demo.json"), service_block),
         "gpu": lambda: gpu_block(results / "gpu"),
+        "cache": lambda: _cache(results),
     }
     return {name: render() for name, render in renderers.items()}
 
@@ -230,6 +231,17 @@ def _scale(results: Path) -> str | None:
 def _overhead(results: Path) -> str | None:
     records = [r for p in sorted(results.glob("overhead_*.json")) if (r := _load(p))]
     return overhead_block(records) if records else None
+
+
+def _cache(results: Path) -> str | None:
+    """``lad bench cache``'s records, each with its own table (app.bench.cache.render)."""
+    records = [r for p in sorted(results.glob("cache_*.json")) if (r := _load(p))]
+    parts = [
+        f"**{r['model']}**{f' width {w}' if (w := r.get('width')) else ''}. {_where(r)}\n\n"
+        f"{r['table']}"
+        for r in records
+    ]
+    return "\n\n".join(parts) if parts else None
 
 
 def rewrite(text: str, generated: dict[str, str | None]) -> tuple[str, list[str]]:
