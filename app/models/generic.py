@@ -44,6 +44,9 @@ _DELIMITER_KEY = re.compile(
 )
 _FULL_ATTENTION = "full_attention"
 _SPAN_CACHE_ROWS = 256
+_NOT_MODEL_INPUTS = ("offset_mapping", "labels")
+"""Processor outputs no prompt forward takes: the offsets read here, and the training
+labels some processors return with their token type ids (PaliGemma's)."""
 
 
 def image_token_id(config: Any) -> int | None:
@@ -198,7 +201,7 @@ class GenericAdapter(HFAdapter):
         inputs = {
             k: v
             for k, v in out.items()
-            if isinstance(v, torch.Tensor) and k not in ("offset_mapping",)
+            if isinstance(v, torch.Tensor) and k not in _NOT_MODEL_INPUTS
         }
         batch = PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
         if offsets is not None and replaced:

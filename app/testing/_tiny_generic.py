@@ -407,6 +407,20 @@ def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
         image_processor.crop_size = {"height": side, "width": side}
 
 
+def _tower_size_from_processor(processor_cls: type, config: PretrainedConfig) -> None:
+    """Where the processor counts an image's tokens for a tile side of its own (Aya Vision's
+    ``img_size``), the vision tower takes that side: a checkpoint saves the two agreeing,
+    and a default config need not (its tower's patch grid may not even fit the merge)."""
+    vision = getattr(config, "vision_config", None)
+    if not isinstance(getattr(vision, "image_size", None), int):
+        return
+    for name in ("img_size", "image_size"):
+        param = inspect.signature(processor_cls.__init__).parameters.get(name)
+        if param is not None and isinstance(param.default, int) and param.default > 0:
+            vision.image_size = param.default
+            return
+
+
 def _token_text(name: str) -> str:
     """The text of the special token for a tokenizer attribute (``image_token``: ``<|image|>``)."""
     return f"<|{name.removesuffix('_token')}|>"
@@ -456,6 +470,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     processor_cls = _processor_class(model_type)
     attributes = processor_cls.get_attributes()
     image_processor = _image_processor(model_type, processor_cls)
+    _tower_size_from_processor(processor_cls, config)
     _sync_image_size(image_processor, config)
     if getattr(image_processor, "image_seq_length", 0) is None:  # a checkpoint saves it
         image_processor.image_seq_length = _image_seq_length(config)
