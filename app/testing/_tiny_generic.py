@@ -260,7 +260,7 @@ def _pick_feature_layers(config: PretrainedConfig) -> None:
         if not _FEATURE_LAYERS.search(key) or isinstance(value, bool):
             continue
         values = [value] if isinstance(value, int) else value
-        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
             continue
         if all(-VISION_LAYERS <= v < VISION_LAYERS for v in values):
             continue
