@@ -16,6 +16,7 @@ built here raises :class:`TinyBuildError` naming why.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -304,7 +305,7 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None
         elif isinstance(value, dict) and all(str(k).isdigit() for k in value):
             picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
             setattr(config, key, {i: v for i, v in picked.items() if v is not None})
-        elif isinstance(value, list) and all(
+        elif isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             if _LAYER_LISTS.search(key):
@@ -414,11 +415,25 @@ def _tower_size_from_processor(processor_cls: type, config: PretrainedConfig) ->
     vision = getattr(config, "vision_config", None)
     if not isinstance(getattr(vision, "image_size", None), int):
         return
+    params = inspect.signature(processor_cls.__init__).parameters
     for name in ("img_size", "image_size"):
-        param = inspect.signature(processor_cls.__init__).parameters.get(name)
+        param = params.get(name)
         if param is not None and isinstance(param.default, int) and param.default > 0:
             vision.image_size = param.default
             return
+    _tower_side_from_token_count(params.get("num_image_tokens"), vision)
+
+
+def _tower_side_from_token_count(param: inspect.Parameter | None, vision: Any) -> None:
+    """A processor writing a fixed ``num_image_tokens`` per image (DeepSeek-VL's 576) counts
+    the tower's square patch grid: the tower takes the side of that grid."""
+    count = getattr(param, "default", None)
+    patch = getattr(vision, "patch_size", None)
+    if not isinstance(count, int) or count <= 0 or not isinstance(patch, int):
+        return
+    grid = math.isqrt(count)
+    if grid * grid == count:
+        vision.image_size = grid * patch
 
 
 def _token_text(name: str) -> str:
