@@ -125,6 +125,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     text = getattr(config, "text_config", None) or config
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
+    _window_no_layer_uses(text)
     model_cls = _model_class(model_type)
     torch.manual_seed(seed)
     try:
@@ -134,6 +135,17 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
+
+
+def _window_no_layer_uses(text: PretrainedConfig) -> None:
+    """A text config whose every layer is full attention but whose model builds a sliding
+    mask all the same (Step3p7's) gets a window no prompt reaches: a checkpoint names its
+    window, a default config leaves it None, and no layer reads it either way."""
+    kinds = getattr(text, "layer_types", None)
+    if "sliding_window" not in vars(text) or text.sliding_window is not None or not kinds:
+        return
+    if all(kind == "full_attention" for kind in kinds):
+        text.sliding_window = CONTEXT
 
 
 def _agree_on_image_tokens(model: Any, processor: Any) -> None:
@@ -381,12 +393,18 @@ def _image_processor(model_type: str, processor_cls: type) -> Any:
     return image_processor
 
 
+def _vit_patch_key(image_processor: Any) -> str:
+    """The image processor's field for the tower's patch side: ``vision_patch_size`` where
+    it has one (its ``patch_size`` is then a crop's side, Step3p7's 504), else ``patch_size``."""
+    return "vision_patch_size" if hasattr(image_processor, "vision_patch_size") else "patch_size"
+
+
 def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
     """The image processor resizes to the vision tower's ``image_size`` (a processor's
     default and a config's default need not agree; a checkpoint saves them agreeing)."""
     vision = getattr(config, "vision_config", None)
     for key, own in (
-        ("patch_size", "patch_size"),
+        (_vit_patch_key(image_processor), "patch_size"),
         ("temporal_patch_size", "temporal_patch_size"),
         ("merge_size", "spatial_merge_size"),
     ):
