@@ -633,6 +633,9 @@ def _tokenizer(processor_cls: type, named: dict[str, str], stems: Sequence[str] 
     tokenizer = byte_level_tokenizer(unique, attributes)
     if tokenizer.bos_token is None:  # processors that write it into the prompt (PaliGemma)
         tokenizer.bos_token = "<|endoftext|>"
+    # saved as the bool it is: a type whose checkpoints transformers loads with another
+    # byte-level class (GPT2Tokenizer for HyperCLOVAX) refuses a saved None
+    tokenizer.add_prefix_space = bool(tokenizer.add_prefix_space)
     return tokenizer
 
 
