@@ -16,7 +16,6 @@ built here raises :class:`TinyBuildError` naming why.
 from __future__ import annotations
 
 import inspect
-import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -39,6 +38,12 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing._tiny_generic_agreement import (
+    patch_queries_for_tower,
+    tower_size_from_processor,
+    vit_patch_key,
+    window_no_layer_uses,
+)
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -114,6 +119,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
+    patch_queries_for_tower(config, processor)
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
@@ -125,7 +131,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     text = getattr(config, "text_config", None) or config
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
-    _window_no_layer_uses(text)
+    window_no_layer_uses(text, CONTEXT)
     model_cls = _model_class(model_type)
     torch.manual_seed(seed)
     try:
@@ -135,17 +141,6 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
-
-
-def _window_no_layer_uses(text: PretrainedConfig) -> None:
-    """A text config whose every layer is full attention but whose model builds a sliding
-    mask all the same (Step3p7's) gets a window no prompt reaches: a checkpoint names its
-    window, a default config leaves it None, and no layer reads it either way."""
-    kinds = getattr(text, "layer_types", None)
-    if "sliding_window" not in vars(text) or text.sliding_window is not None or not kinds:
-        return
-    if all(kind == "full_attention" for kind in kinds):
-        text.sliding_window = CONTEXT
 
 
 def _agree_on_image_tokens(model: Any, processor: Any) -> None:
@@ -393,18 +388,12 @@ def _image_processor(model_type: str, processor_cls: type) -> Any:
     return image_processor
 
 
-def _vit_patch_key(image_processor: Any) -> str:
-    """The image processor's field for the tower's patch side: ``vision_patch_size`` where
-    it has one (its ``patch_size`` is then a crop's side, Step3p7's 504), else ``patch_size``."""
-    return "vision_patch_size" if hasattr(image_processor, "vision_patch_size") else "patch_size"
-
-
 def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
     """The image processor resizes to the vision tower's ``image_size`` (a processor's
     default and a config's default need not agree; a checkpoint saves them agreeing)."""
     vision = getattr(config, "vision_config", None)
     for key, own in (
-        (_vit_patch_key(image_processor), "patch_size"),
+        (vit_patch_key(image_processor), "patch_size"),
         ("temporal_patch_size", "temporal_patch_size"),
         ("merge_size", "spatial_merge_size"),
     ):
@@ -424,34 +413,6 @@ def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
     crop = getattr(image_processor, "crop_size", None)
     if crop is not None and "height" in crop:
         image_processor.crop_size = {"height": side, "width": side}
-
-
-def _tower_size_from_processor(processor_cls: type, config: PretrainedConfig) -> None:
-    """Where the processor counts an image's tokens for a tile side of its own (Aya Vision's
-    ``img_size``), the vision tower takes that side: a checkpoint saves the two agreeing,
-    and a default config need not (its tower's patch grid may not even fit the merge)."""
-    vision = getattr(config, "vision_config", None)
-    if not isinstance(getattr(vision, "image_size", None), int):
-        return
-    params = inspect.signature(processor_cls.__init__).parameters
-    for name in ("img_size", "image_size"):
-        param = params.get(name)
-        if param is not None and isinstance(param.default, int) and param.default > 0:
-            vision.image_size = param.default
-            return
-    _tower_side_from_token_count(params.get("num_image_tokens"), vision)
-
-
-def _tower_side_from_token_count(param: inspect.Parameter | None, vision: Any) -> None:
-    """A processor writing a fixed ``num_image_tokens`` per image (DeepSeek-VL's 576) counts
-    the tower's square patch grid: the tower takes the side of that grid."""
-    count = getattr(param, "default", None)
-    patch = getattr(vision, "patch_size", None)
-    if not isinstance(count, int) or count <= 0 or not isinstance(patch, int):
-        return
-    grid = math.isqrt(count)
-    if grid * grid == count:
-        vision.image_size = grid * patch
 
 
 def _token_text(name: str) -> str:
@@ -503,7 +464,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     processor_cls = _processor_class(model_type)
     attributes = processor_cls.get_attributes()
     image_processor = _image_processor(model_type, processor_cls)
-    _tower_size_from_processor(processor_cls, config)
+    tower_size_from_processor(processor_cls, config)
     _sync_image_size(image_processor, config)
     if getattr(image_processor, "image_seq_length", 0) is None:  # a checkpoint saves it
         image_processor.image_seq_length = _image_seq_length(config)
