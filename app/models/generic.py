@@ -85,6 +85,12 @@ def refusal(config: Any) -> str | None:
             "no image tokens in the sequence: the config names no image_token_id / "
             "image_token_index"
         )
+    if _one_query_run_per_prompt(config):
+        return (
+            "one image per prompt: a Q-Former's num_query_tokens query tokens stand for the "
+            "image, written once ahead of the text whatever the number of images, so the N "
+            "images of a prompt cannot each have a span"
+        )
     kinds = layer_kinds(text) if hasattr(text, "num_hidden_layers") else None
     if kinds is not None and not full_attention_layers(text):
         return (
@@ -92,6 +98,14 @@ def refusal(config: Any) -> str | None:
             f"{', '.join(sorted(set(kinds)))}), so Λ (whole-prompt softmax layers) is empty"
         )
     return None
+
+
+def _one_query_run_per_prompt(config: Any) -> bool:
+    """A Q-Former model (BLIP-2, InstructBLIP): its processor writes ``num_query_tokens``
+    image tokens once at the head of each prompt, however many images it is given."""
+    queries = getattr(config, "num_query_tokens", None)
+    has_qformer = getattr(config, "qformer_config", None) is not None
+    return has_qformer and isinstance(queries, int) and not isinstance(queries, bool)
 
 
 def _is_delimiter_key(key: str) -> bool:
