@@ -36,6 +36,7 @@ from PIL import Image
 
 from app.engine.adapter import PromptBatch
 from app.models.base import HFAdapter, images_per_prompt
+from app.models.processor_probe import drops_the_prompt
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
 """Config fields holding the id of the image placeholder token."""
@@ -43,6 +44,10 @@ _DELIMITER_KEY = re.compile(
     r"^(boi|eoi|(image|vision|img)_?(start|end|begin|open|close))_token(_id|_index)?$"
 )
 _FULL_ATTENTION = "full_attention"
+PROMPT_DROPPED = (
+    "its processor writes prompts of its own in place of the text it is given (one per "
+    "image), so a query over N images never reaches the model"
+)
 _SPAN_CACHE_ROWS = 256
 _NOT_MODEL_INPUTS = ("offset_mapping", "labels")
 """Processor outputs no prompt forward takes: the offsets read here, and the training
@@ -150,6 +155,10 @@ class GenericAdapter(HFAdapter):
         reason = refusal(self.config)
         if reason is not None:
             raise ValueError(f"cannot serve model_type {self.config.model_type!r}: {reason}")
+        if drops_the_prompt(self):
+            raise ValueError(
+                f"cannot serve model_type {self.config.model_type!r}: {PROMPT_DROPPED}"
+            )
         self._spans: OrderedDict[tuple[int, ...], list[tuple[int, int]]] = OrderedDict()
         self._lock = threading.Lock()
         self._end_id: int | None = None
