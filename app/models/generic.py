@@ -37,6 +37,7 @@ from PIL import Image
 from app.engine.adapter import PromptBatch
 from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, images_per_prompt
+from app.models.processor_probe import drops_the_prompt
 
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
 """Config fields holding the id of the image placeholder token."""
@@ -45,7 +46,14 @@ _DELIMITER_KEY = re.compile(
 )
 _FULL_ATTENTION = "full_attention"
 _INDEXED = "indexed_attention"
+PROMPT_DROPPED = (
+    "its processor writes prompts of its own in place of the text it is given (one per "
+    "image), so a query over N images never reaches the model"
+)
 _SPAN_CACHE_ROWS = 256
+_NOT_MODEL_INPUTS = ("offset_mapping", "labels")
+"""Processor outputs no prompt forward takes: the offsets read here, and the training
+labels some processors return with their token type ids (PaliGemma's)."""
 
 
 def image_token_id(config: Any) -> int | None:
@@ -84,6 +92,12 @@ def refusal(config: Any) -> str | None:
             "no image tokens in the sequence: the config names no image_token_id / "
             "image_token_index"
         )
+    if _one_query_run_per_prompt(config):
+        return (
+            "one image per prompt: a Q-Former's num_query_tokens query tokens stand for the "
+            "image, written once ahead of the text whatever the number of images, so the N "
+            "images of a prompt cannot each have a span"
+        )
     kinds = layer_kinds(text) if hasattr(text, "num_hidden_layers") else None
     if kinds is not None and not full_attention_layers(text):
         return (
@@ -91,6 +105,14 @@ def refusal(config: Any) -> str | None:
             f"{', '.join(sorted(set(kinds)))}), so Λ (whole-prompt softmax layers) is empty"
         )
     return None
+
+
+def _one_query_run_per_prompt(config: Any) -> bool:
+    """A Q-Former model (BLIP-2, InstructBLIP): its processor writes ``num_query_tokens``
+    image tokens once at the head of each prompt, however many images it is given."""
+    queries = getattr(config, "num_query_tokens", None)
+    has_qformer = getattr(config, "qformer_config", None) is not None
+    return has_qformer and isinstance(queries, int) and not isinstance(queries, bool)
 
 
 def _is_delimiter_key(key: str) -> bool:
@@ -152,6 +174,10 @@ class GenericAdapter(HFAdapter):
         reason = refusal(self.config)
         if reason is not None:
             raise ValueError(f"cannot serve model_type {self.config.model_type!r}: {reason}")
+        if drops_the_prompt(self):
+            raise ValueError(
+                f"cannot serve model_type {self.config.model_type!r}: {PROMPT_DROPPED}"
+            )
         self._spans: OrderedDict[tuple[int, ...], list[tuple[int, int]]] = OrderedDict()
         self._lock = threading.Lock()
         self._end_id: int | None = None
@@ -217,7 +243,7 @@ class GenericAdapter(HFAdapter):
         inputs = {
             k: v
             for k, v in out.items()
-            if isinstance(v, torch.Tensor) and k not in ("offset_mapping",)
+            if isinstance(v, torch.Tensor) and k not in _NOT_MODEL_INPUTS
         }
         batch = PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
         if offsets is not None and replaced:

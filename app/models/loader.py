@@ -213,8 +213,14 @@ def load_runner(
             )
         else:
             log.info("image budget: %s", budget)
+    try:
+        adapter = adapter_cls(loaded, processor)
+    except ValueError as exc:  # the generic adapter's refusals that need the processor
+        if "cannot serve" not in str(exc):
+            raise
+        raise ModelLoadError(f"cannot serve model {model!r}: {exc}") from None
     runner = Runner(
-        adapter_cls(loaded, processor),
+        adapter,
         model_id=served_name(model, served_model_name),
         revision=revision,
         layers=layers,

@@ -38,6 +38,12 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing._tiny_generic_agreement import (
+    patch_queries_for_tower,
+    tower_size_from_processor,
+    vit_patch_key,
+    window_no_layer_uses,
+)
 from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
@@ -124,6 +130,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
+    patch_queries_for_tower(config, processor)
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = len(tokenizer)
@@ -135,6 +142,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     text = getattr(config, "text_config", None) or config
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
+    window_no_layer_uses(text, CONTEXT)
     model_cls = _model_class(model_type)
     torch.manual_seed(seed)
     try:
@@ -283,7 +291,7 @@ def _pick_feature_layers(config: PretrainedConfig) -> None:
         if not _FEATURE_LAYERS.search(key) or isinstance(value, bool):
             continue
         values = [value] if isinstance(value, int) else value
-        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) for v in values):
             continue
         if all(-VISION_LAYERS <= v < VISION_LAYERS for v in values):
             continue
@@ -327,7 +335,7 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None
         elif isinstance(value, dict) and all(str(k).isdigit() for k in value):
             picked = {i: value.get(src, value.get(str(src))) for i, src in enumerate(sources)}
             setattr(config, key, {i: v for i, v in picked.items() if v is not None})
-        elif isinstance(value, list) and all(
+        elif isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             if _LAYER_LISTS.search(key):
@@ -408,7 +416,7 @@ def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
     default and a config's default need not agree; a checkpoint saves them agreeing)."""
     vision = getattr(config, "vision_config", None)
     for key, own in (
-        ("patch_size", "patch_size"),
+        (vit_patch_key(image_processor), "patch_size"),
         ("temporal_patch_size", "temporal_patch_size"),
         ("merge_size", "spatial_merge_size"),
     ):
@@ -479,6 +487,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     processor_cls = _processor_class(model_type)
     attributes = processor_cls.get_attributes()
     image_processor = _image_processor(model_type, processor_cls)
+    tower_size_from_processor(processor_cls, config)
     _sync_image_size(image_processor, config)
     if getattr(image_processor, "image_seq_length", 0) is None:  # a checkpoint saves it
         image_processor.image_seq_length = _image_seq_length(config)
@@ -608,6 +617,9 @@ def _tokenizer(processor_cls: type, named: dict[str, str], stems: Sequence[str] 
     tokenizer = byte_level_tokenizer(unique, attributes)
     if tokenizer.bos_token is None:  # processors that write it into the prompt (PaliGemma)
         tokenizer.bos_token = "<|endoftext|>"
+    # saved as the bool it is: a type whose checkpoints transformers loads with another
+    # byte-level class (GPT2Tokenizer for HyperCLOVAX) refuses a saved None
+    tokenizer.add_prefix_space = bool(tokenizer.add_prefix_space)
     return tokenizer
 
 

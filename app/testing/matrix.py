@@ -8,7 +8,8 @@ For each type, :func:`outcome` answers one of
   checkpoint served through ``load_runner`` (as ``LAD_MODEL=<dir>``) gives the same answers;
 - ``refused``: the type's default config saved to a directory and handed to ``load_runner``
   is refused before any weight is read, with the reason (encoder-decoder, cross-attention
-  images, no image tokens in the sequence);
+  images, no image tokens in the sequence), or the adapter refuses the type's processor
+  (one that writes prompts of its own in place of the query);
 - ``not built here``: no tiny instance could be built or checked here, with what broke (the
   service may still serve a real checkpoint of it through the generic adapter; untested).
 
@@ -151,7 +152,12 @@ def outcome(model_type: str) -> dict[str, Any]:
         return {**row, "status": REFUSED, "reason": reason}
     try:
         model, processor = build_tiny(model_type)
-        runner = make_runner(model, processor, model_id=f"tiny-{model_type}")
+        try:
+            runner = make_runner(model, processor, model_id=f"tiny-{model_type}")
+        except ValueError as exc:  # refused once its processor is there (processor_probe)
+            if not str(exc).startswith("cannot serve"):
+                raise
+            return {**row, "status": REFUSED, "reason": str(exc)}
         with tempfile.TemporaryDirectory() as directory:
             checks = served_checks(runner, Path(directory))
     except Exception as exc:  # anything that stops the tiny build or its checks: recorded
