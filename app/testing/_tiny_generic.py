@@ -38,6 +38,7 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing._tiny_generic_parents import inherited_processor_name
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -325,6 +326,7 @@ def _processor_class(model_type: str) -> type:
             if candidate and model_type_to_module_name(other) == module:
                 name = candidate
                 break
+    name = name or inherited_processor_name(model_type)  # the parent type's (FastVLM: LLaVA's)
     if not name:
         raise TinyBuildError(f"{model_type}: transformers names no processor class for it")
     return _importable(name, model_type)
