@@ -39,6 +39,7 @@ from app.models.generic import (
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_parents import inherited_processor_name
+from app.testing._tiny_generic_rope import partial_rotary_for_sections
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -131,6 +132,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+    if partial_rotary_for_sections(model):  # the rope sections cover the rotary width now
+        torch.manual_seed(seed)
+        model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
