@@ -36,10 +36,10 @@ from app.models.generic import (
     stand_in_video_processor,
     with_stand_in_video,
 )
-from app.models.registry import supported_model_types
+from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_parents import inherited_processor_name
-from app.testing._tiny_generic_rope import partial_rotary_for_sections
+from app.testing._tiny_generic_rope import rope_sections_agreed
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -132,7 +132,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
-    if partial_rotary_for_sections(model):  # the rope sections cover the rotary width now
+    if rope_sections_agreed(model):  # the rope sections cover the rotary width now
         torch.manual_seed(seed)
         model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
@@ -200,7 +200,10 @@ def text_head_dim(config: PretrainedConfig) -> int:
         head_dim = None
     if isinstance(head_dim, int) and head_dim > 0:
         return head_dim
-    return int(text.hidden_size) // int(text.num_attention_heads)
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    if hidden % heads:  # not a checkpoint's layout (it saves head_dim): a power of two below
+        return 1 << ((hidden // heads).bit_length() - 1)
+    return hidden // heads
 
 
 def shrink(config: PretrainedConfig) -> None:
@@ -484,7 +487,7 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     }
     if unknown:
         raise TinyBuildError(f"{model_type}: its processor also needs {sorted(unknown)}")
-    named: dict[str, str] = {}
+    named: dict[str, str] = _adapter_tokens(model_type)
     for _ in range(12):  # each failure names a tokenizer attribute the processor reads
         tokenizer = _tokenizer(processor_cls, named, _config_token_stems(config))
         try:
@@ -514,6 +517,16 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     if not getattr(processor, "chat_template", None):
         processor.chat_template = _chat_template(processor, config)
     return processor
+
+
+def _adapter_tokens(model_type: str) -> dict[str, str]:
+    """Tokens the adapter registered for the type reads by name (its end of turn, its image
+    delimiters): a checkpoint's vocabulary has them, so the tiny one does too."""
+    if not registered(model_type):
+        return {}
+    adapter = adapter_class(model_type)
+    texts = [adapter.end_token, *(adapter.image_delimiters or ())]
+    return {f"lad_adapter_{i}": t for i, t in enumerate(texts) if t}
 
 
 _ASKED = re.compile(r"tokenizer does not have an? `(\w+?)(_id)?` defined")
