@@ -25,7 +25,6 @@ import torch
 import transformers
 from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, model_type_to_module_name
-from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
@@ -39,6 +38,7 @@ from app.models.generic import (
 from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_parents import inherited_processor_name
+from app.testing._tiny_generic_parts import feature_extractor_for, second_tokenizers
 from app.testing._tiny_generic_rope import rope_sections_agreed
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
@@ -473,26 +473,29 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
         processor_cls = with_stand_in_video(processor_cls)
         parts["video_processor"] = stand_in_video_processor(image_processor)
     if "feature_extractor" in attributes:
-        name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(
-            model_type
-        ) or FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type.removesuffix("_thinker"))
-        if not name:
-            raise TinyBuildError(f"{model_type}: its processor needs a feature extractor")
-        parts["feature_extractor"] = getattr(transformers, name)()
+        try:
+            parts["feature_extractor"] = feature_extractor_for(model_type, processor_cls, config)
+        except LookupError as exc:
+            raise TinyBuildError(f"{model_type}: its processor needs a feature extractor") from exc
+    tokenizers = second_tokenizers(attributes)
     unknown = set(attributes) - {
         "image_processor",
         "tokenizer",
         "video_processor",
         "feature_extractor",
+        *tokenizers,
     }
     if unknown:
         raise TinyBuildError(f"{model_type}: its processor also needs {sorted(unknown)}")
     named: dict[str, str] = _adapter_tokens(model_type)
+    if _takes_chat_template(processor_cls):  # else it is set on the built processor below
+        parts["chat_template"] = None
     for _ in range(12):  # each failure names a tokenizer attribute the processor reads
         tokenizer = _tokenizer(processor_cls, named, _config_token_stems(config))
+        parts.update({a: _tokenizer(processor_cls, named) for a in tokenizers})
         try:
             processor = processor_cls(
-                tokenizer=tokenizer, chat_template=None, **parts, **_settings(processor_cls, config)
+                tokenizer=tokenizer, **parts, **_settings(processor_cls, config)
             )
         except (AttributeError, ValueError) as exc:
             missing = re.search(r"has no attribute '?(\w+?)(_id)?'?$", str(exc)) or re.search(
@@ -501,6 +504,12 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
             if missing is None or missing.group(1) in named:
                 raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
             named[missing.group(1)] = _token_text(missing.group(1))
+            continue
+        except KeyError as exc:  # a token it looks up in the vocabulary (Fuyu's "|SPEAKER|")
+            token = exc.args[0] if exc.args else None
+            if not isinstance(token, str) or token in named.values():
+                raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
+            named[f"lad_vocab_{len(named)}"] = token
             continue
         except Exception as exc:
             raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
@@ -517,6 +526,11 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     if not getattr(processor, "chat_template", None):
         processor.chat_template = _chat_template(processor, config)
     return processor
+
+
+def _takes_chat_template(processor_cls: type) -> bool:
+    params = inspect.signature(processor_cls.__init__).parameters.values()
+    return any(p.name == "chat_template" or p.kind == p.VAR_KEYWORD for p in params)
 
 
 def _adapter_tokens(model_type: str) -> dict[str, str]:
