@@ -77,6 +77,12 @@ def refusal(config: Any) -> str | None:
             "image features reach the text through cross-attention layers, not as tokens of "
             "the sequence (no image span to read attention over)"
         )
+    if getattr(config, "canvas_length", None):
+        return (
+            "a diffusion language model: the answer is denoised on a canvas of "
+            f"{config.canvas_length} tokens that reads the prompt's cache, not decoded token "
+            "by token after the prompt (no next-token label scores to read)"
+        )
     if not _names_image_token(config):
         return (
             "no image tokens in the sequence: the config names no image_token_id / "

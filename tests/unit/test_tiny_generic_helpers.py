@@ -71,3 +71,13 @@ def test_images_written_back_to_back_stay_apart() -> None:
     assert adapter._spans_from_ids(ids, 2) == [(1, 5), (5, 8)]
     with pytest.raises(ValueError, match="expected 3 runs"):
         adapter._spans_from_ids(ids, 3)
+
+
+def test_a_diffusion_language_model_is_refused_with_its_reason() -> None:
+    from transformers import DiffusionGemmaConfig, LlavaConfig
+
+    from app.models.generic import refusal
+
+    reason = refusal(DiffusionGemmaConfig())
+    assert reason is not None and "diffusion language model" in reason and "canvas" in reason
+    assert refusal(LlavaConfig()) is None  # decoded token by token: not refused
