@@ -38,7 +38,11 @@ from app.models.generic import (
 from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_parents import inherited_processor_name
-from app.testing._tiny_generic_parts import feature_extractor_for, second_tokenizers
+from app.testing._tiny_generic_parts import (
+    feature_extractor_for,
+    second_tokenizers,
+    video_processor_defaults,
+)
 from app.testing._tiny_generic_rope import rope_sections_agreed
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
@@ -472,6 +476,9 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
         processor_cls = with_stand_in_video(processor_cls)
         parts["video_processor"] = stand_in_video_processor(image_processor)
+        for key, value in video_processor_defaults(processor_cls).items():
+            if not hasattr(parts["video_processor"], key):
+                setattr(parts["video_processor"], key, value)
     if "feature_extractor" in attributes:
         try:
             parts["feature_extractor"] = feature_extractor_for(model_type, processor_cls, config)

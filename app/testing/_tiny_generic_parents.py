@@ -18,7 +18,8 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, model_type_to_module_name
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-_MODELS = Path(transformers.__file__).parent / "models"
+MODELS_DIR = Path(transformers.__file__).parent / "models"
+"""transformers' model modules, each with its sources (modular, processing, video processing)."""
 
 
 def parent_types(model_type: str) -> Iterator[str]:
@@ -52,7 +53,7 @@ def _direct_parents(model_type: str) -> list[str]:
 def _modular_bases(model_type: str, class_name: str) -> list[str]:
     """Names of the bases of ``class_name`` in the type's modular source (none if it has none)."""
     module = model_type_to_module_name(model_type)
-    source = _MODELS / module / f"modular_{module}.py"
+    source = MODELS_DIR / module / f"modular_{module}.py"
     if not source.is_file():
         return []
     tree = ast.parse(source.read_text(encoding="utf-8"))

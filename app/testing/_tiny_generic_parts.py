@@ -10,6 +10,7 @@ tokenizer (InstructBLIP's ``qformer_tokenizer``) gets one built as its main one 
 
 from __future__ import annotations
 
+import ast
 import inspect
 from typing import Any
 
@@ -18,7 +19,7 @@ from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
 
-from app.testing._tiny_generic_parents import parent_types
+from app.testing._tiny_generic_parents import MODELS_DIR, parent_types
 
 
 def feature_extractor_for(model_type: str, processor_cls: type, config: PretrainedConfig) -> Any:
@@ -58,3 +59,27 @@ def _candidate_types(model_type: str, processor_cls: type, config: PretrainedCon
 def second_tokenizers(attributes: list[str]) -> list[str]:
     """The processor's tokenizers besides ``tokenizer`` (``qformer_tokenizer``)."""
     return [a for a in attributes if a != "tokenizer" and a.endswith("_tokenizer")]
+
+
+def video_processor_defaults(processor_cls: type) -> dict[str, Any]:
+    """The plain class-level settings of the processor's own video processor class, read
+    from its source (the class needs torchvision, so it cannot be imported here): a
+    processor that reads one of them (Ernie 4.5 VL's ``font`` when saved) finds it on the
+    stand-in video processor."""
+    module = processor_cls.__module__.split(".")[-2]
+    source = MODELS_DIR / module / f"video_processing_{module}.py"
+    if not source.is_file():
+        return {}
+    found: dict[str, Any] = {}
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if not (isinstance(node, ast.ClassDef) and node.name.endswith("VideoProcessor")):
+            continue
+        for item in node.body:
+            if (
+                isinstance(item, ast.Assign)
+                and len(item.targets) == 1
+                and isinstance(item.targets[0], ast.Name)
+                and isinstance(item.value, ast.Constant)
+            ):
+                found.setdefault(item.targets[0].id, item.value.value)
+    return found

@@ -81,3 +81,13 @@ def test_a_diffusion_language_model_is_refused_with_its_reason() -> None:
     reason = refusal(DiffusionGemmaConfig())
     assert reason is not None and "diffusion language model" in reason and "canvas" in reason
     assert refusal(LlavaConfig()) is None  # decoded token by token: not refused
+
+
+def test_the_stand_in_video_processor_learns_the_real_class_defaults() -> None:
+    from transformers import Ernie4_5_VLMoeProcessor
+
+    from app.testing._tiny_generic_parts import video_processor_defaults
+
+    defaults = video_processor_defaults(Ernie4_5_VLMoeProcessor)
+    assert defaults["font"] == "Roboto-Regular.ttf"  # read from source: no torchvision here
+    assert video_processor_defaults(LlavaProcessor) == {}  # no video processor of its own
