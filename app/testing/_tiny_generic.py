@@ -135,7 +135,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     try:
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
-        raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+        raise TinyBuildError(
+            f"{model_type}: the shrunk config does not build: {str(exc).strip()}"
+        ) from exc
     if rope_sections_agreed(model):  # the rope sections cover the rotary width now
         torch.manual_seed(seed)
         model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
