@@ -87,6 +87,12 @@ def refusal(config: Any) -> str | None:
             "image features reach the text through cross-attention layers, not as tokens of "
             "the sequence (no image span to read attention over)"
         )
+    if getattr(config, "canvas_length", None):
+        return (
+            "a diffusion language model: the answer is denoised on a canvas of "
+            f"{config.canvas_length} tokens that reads the prompt's cache, not decoded token "
+            "by token after the prompt (no next-token label scores to read)"
+        )
     if not _names_image_token(config):
         return (
             "no image tokens in the sequence: the config names no image_token_id / "
@@ -350,14 +356,30 @@ class GenericAdapter(HFAdapter):
                         found.add(tid)
         return found - self._image_ids()
 
+    def _closing_ids(self) -> set[int]:
+        """Ids of the delimiters that close an image (``image_end_token``, ``eoi``): a run
+        of image tokens ends after one, so images written back to back stay apart."""
+        closing = re.compile(r"^(eoi|.*_?(end|close))_token")
+        found: set[int] = set()
+        for owner in (self.config, self.processor):
+            for key, value in vars(owner).items():
+                if not (_is_delimiter_key(key) and closing.match(key)):
+                    continue
+                if isinstance(value, str):
+                    value = self.tokenizer.convert_tokens_to_ids(value)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    found.add(value)
+        return found & self._delimiter_ids()
+
     def _spans_from_ids(self, ids: list[int], n_images: int) -> list[tuple[int, int]]:
         """Runs of image (and delimiter) tokens; exactly ``n_images`` of them or an error."""
         marked = self._image_ids() | self._delimiter_ids()
+        closings = self._closing_ids()
         spans: list[tuple[int, int]] = []
         for i, token in enumerate(ids):
             if token not in marked:
                 continue
-            if spans and spans[-1][1] == i:
+            if spans and spans[-1][1] == i and ids[i - 1] not in closings:
                 spans[-1] = (spans[-1][0], i + 1)
             else:
                 spans.append((i, i + 1))

@@ -25,7 +25,6 @@ import torch
 import transformers
 from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, model_type_to_module_name
-from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
@@ -36,7 +35,7 @@ from app.models.generic import (
     stand_in_video_processor,
     with_stand_in_video,
 )
-from app.models.registry import supported_model_types
+from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_agreement import (
     patch_queries_for_tower,
@@ -50,9 +49,15 @@ from app.testing._tiny_generic_layout import (
     layer_ids_inside,
     merged_widths,
     next_power_of_two,
-    sections_agree,
     shuffled_widths,
 )
+from app.testing._tiny_generic_parents import inherited_processor_name
+from app.testing._tiny_generic_parts import (
+    feature_extractor_for,
+    second_tokenizers,
+    video_processor_defaults,
+)
+from app.testing._tiny_generic_rope import rope_sections_agreed
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -148,8 +153,10 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     try:
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
-        raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
-    if not sections_agree(model):  # built again with the rope sections its heads take
+        raise TinyBuildError(
+            f"{model_type}: the shrunk config does not build: {str(exc).strip()}"
+        ) from exc
+    if rope_sections_agreed(model):  # the rope sections cover the rotary width now
         torch.manual_seed(seed)
         model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
@@ -356,6 +363,7 @@ def _processor_class(model_type: str) -> type:
             if candidate and model_type_to_module_name(other) == module:
                 name = candidate
                 break
+    name = name or inherited_processor_name(model_type)  # the parent type's (FastVLM: LLaVA's)
     if not name:
         raise TinyBuildError(f"{model_type}: transformers names no processor class for it")
     return _importable(name, model_type)
@@ -495,27 +503,33 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     if "video_processor" in attributes:  # the real ones need torchvision; no video is sent
         processor_cls = with_stand_in_video(processor_cls)
         parts["video_processor"] = stand_in_video_processor(image_processor)
+        for key, value in video_processor_defaults(processor_cls).items():
+            if not hasattr(parts["video_processor"], key):
+                setattr(parts["video_processor"], key, value)
     if "feature_extractor" in attributes:
-        name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(
-            model_type
-        ) or FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type.removesuffix("_thinker"))
-        if not name:
-            raise TinyBuildError(f"{model_type}: its processor needs a feature extractor")
-        parts["feature_extractor"] = getattr(transformers, name)()
+        try:
+            parts["feature_extractor"] = feature_extractor_for(model_type, processor_cls, config)
+        except LookupError as exc:
+            raise TinyBuildError(f"{model_type}: its processor needs a feature extractor") from exc
+    tokenizers = second_tokenizers(attributes)
     unknown = set(attributes) - {
         "image_processor",
         "tokenizer",
         "video_processor",
         "feature_extractor",
+        *tokenizers,
     }
     if unknown:
         raise TinyBuildError(f"{model_type}: its processor also needs {sorted(unknown)}")
-    named: dict[str, str] = {}
+    named: dict[str, str] = _adapter_tokens(model_type)
+    if _takes_chat_template(processor_cls):  # else it is set on the built processor below
+        parts["chat_template"] = None
     for _ in range(12):  # each failure names a tokenizer attribute the processor reads
         tokenizer = _tokenizer(processor_cls, named, _config_token_stems(config))
+        parts.update({a: _tokenizer(processor_cls, named) for a in tokenizers})
         try:
             processor = processor_cls(
-                tokenizer=tokenizer, chat_template=None, **parts, **_settings(processor_cls, config)
+                tokenizer=tokenizer, **parts, **_settings(processor_cls, config)
             )
         except (AttributeError, ValueError) as exc:
             missing = re.search(r"has no attribute '?(\w+?)(_id)?'?$", str(exc)) or re.search(
@@ -524,6 +538,12 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
             if missing is None or missing.group(1) in named:
                 raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
             named[missing.group(1)] = _token_text(missing.group(1))
+            continue
+        except KeyError as exc:  # a token it looks up in the vocabulary (Fuyu's "|SPEAKER|")
+            token = exc.args[0] if exc.args else None
+            if not isinstance(token, str) or token in named.values():
+                raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
+            named[f"lad_vocab_{len(named)}"] = token
             continue
         except Exception as exc:
             raise TinyBuildError(f"{model_type}: its processor does not build: {exc}") from exc
@@ -540,6 +560,21 @@ def build_processor(model_type: str, config: PretrainedConfig) -> Any:
     if not getattr(processor, "chat_template", None):
         processor.chat_template = _chat_template(processor, config)
     return processor
+
+
+def _takes_chat_template(processor_cls: type) -> bool:
+    params = inspect.signature(processor_cls.__init__).parameters.values()
+    return any(p.name == "chat_template" or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _adapter_tokens(model_type: str) -> dict[str, str]:
+    """Tokens the adapter registered for the type reads by name (its end of turn, its image
+    delimiters): a checkpoint's vocabulary has them, so the tiny one does too."""
+    if not registered(model_type):
+        return {}
+    adapter = adapter_class(model_type)
+    texts = [adapter.end_token, *(adapter.image_delimiters or ())]
+    return {f"lad_adapter_{i}": t for i, t in enumerate(texts) if t}
 
 
 _ASKED = re.compile(r"tokenizer does not have an? `(\w+?)(_id)?` defined")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-
 
 def next_power_of_two(value: int) -> int:
     """The least power of two >= ``value`` (head dimensions of real checkpoints are)."""
@@ -36,28 +34,6 @@ def derived_head_dim(config: Any, old_rope_dim: Any) -> None:
         fields.get("qk_nope_head_dim"), int
     ):
         config.qk_head_dim = config.qk_nope_head_dim + rope_dim
-
-
-def sections_agree(model: torch.nn.Module) -> bool:
-    """Whether every rotary module's ``mrope_section`` covers its frequencies; where one does
-    not (the modeling code's default section, laid out for another rotary width), its
-    config's ``rope_parameters`` get the section scaled to the frequencies and False is
-    returned (the model must be built again from the config)."""
-    agree = True
-    for module in model.modules():
-        section = getattr(module, "mrope_section", None)
-        freqs = getattr(module, "inv_freq", None)
-        config = getattr(module, "config", None)
-        if not isinstance(section, (list, tuple)) or not isinstance(freqs, torch.Tensor):
-            continue
-        total, wanted = sum(section), int(freqs.numel())
-        if total == wanted or config is None or not total:
-            continue
-        scaled = [s * wanted // total for s in section]
-        scaled[-1] += wanted - sum(scaled)
-        config.rope_parameters = {**(config.rope_parameters or {}), "mrope_section": scaled}
-        agree = False
-    return agree
 
 
 def shuffled_widths(config: Any, width: int) -> None:
