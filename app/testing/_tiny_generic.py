@@ -38,6 +38,7 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing._tiny_generic_defaults import fill_unset
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -108,6 +109,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     for key, sub_cls in (getattr(config, "sub_configs", None) or {}).items():
         if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
             setattr(config, key, sub_cls())
+    fill_unset(_configs(config), config.get_text_config())
     shrink(config)
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
