@@ -38,7 +38,7 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
-from app.testing._tiny_generic_defaults import fill_unset
+from app.testing._tiny_generic_defaults import fill_unset, shrink_channel_lists
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -111,6 +111,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
             setattr(config, key, sub_cls())
     fill_unset(_configs(config), config.get_text_config())
     shrink(config)
+    shrink_channel_lists(_configs(config), HEADS * text_head_dim(config))
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)

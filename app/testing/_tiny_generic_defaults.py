@@ -23,6 +23,7 @@ def fill_unset(configs: list[PretrainedConfig], text: PretrainedConfig) -> None:
     for sub in configs:
         _rope_per_layer_type(sub)
         _mlp_layer_types(sub)
+        _experts_per_token(sub)
 
 
 def _head_dim(text: PretrainedConfig) -> None:
@@ -53,6 +54,26 @@ def _mlp_layer_types(config: PretrainedConfig) -> None:
     config.mlp_layer_types = ["dense"] * dense + ["sparse"] * (depth - dense)
 
 
+def _experts_per_token(config: PretrainedConfig) -> None:
+    """``num_experts_per_tok`` left None in a config with routed experts: top-2 routing
+    (the tiny build keeps at most two experts per token anyway)."""
+    if "num_experts_per_tok" not in vars(config) or config.num_experts_per_tok is not None:
+        return
+    if any(_int(config, key) for key in _EXPERT_FIELDS):
+        config.num_experts_per_tok = 2
+
+
 def _int(config: PretrainedConfig, key: str) -> int:
     value: Any = vars(config).get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def shrink_channel_lists(configs: list[PretrainedConfig], width: int) -> None:
+    """Lists of convolution widths (``downsample_channels``: a tower's stages, its last the
+    width the next tower reads) made ``width`` each, like every other width."""
+    for sub in configs:
+        for key, value in list(vars(sub).items()):
+            if not key.endswith("_channels") or not isinstance(value, (list, tuple)):
+                continue
+            if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                setattr(sub, key, [width] * len(value))
