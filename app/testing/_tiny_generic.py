@@ -38,7 +38,12 @@ from app.models.generic import (
 )
 from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
-from app.testing._tiny_generic_defaults import fill_unset, shrink_channel_lists
+from app.testing._tiny_generic_defaults import (
+    fill_unset,
+    processor_delimiters,
+    shrink_channel_lists,
+    with_rope_sections,
+)
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
 from app.testing.tiny_models import chatml_template
 
@@ -133,6 +138,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+    if with_rope_sections(model, text):  # a checkpoint names them: built again with them
+        torch.manual_seed(seed)
+        model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
@@ -635,6 +643,8 @@ def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
             text = getattr(processor, stem, None) or _token_text(stem)
             if text in vocab and vocab[text] not in expanded:
                 found[match.group(2)] = found[match.group(2)] or text
+    if not found["start"] and not found["end"]:
+        return processor_delimiters(processor, expanded)
     if bool(found["start"]) != bool(found["end"]):
         return "", ""
     return found["start"], found["end"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import PretrainedConfig
 
 _DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -77,3 +78,43 @@ def shrink_channel_lists(configs: list[PretrainedConfig], width: int) -> None:
                 continue
             if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 setattr(sub, key, [width] * len(value))
+
+
+_OPENING = ("start", "begin", "open", "boi")
+
+
+def processor_delimiters(processor: Any, expanded: set[int]) -> tuple[str, str]:
+    """The image delimiters the processor holds as token strings (``image_start_token`` ..
+    ``image_end_token``) that its expansion of an image leaves out: a checkpoint's template
+    writes those around each placeholder (("", "") unless both are there)."""
+    from app.models.generic import _is_delimiter_key
+
+    vocab = processor.tokenizer.get_vocab()
+    found = {"start": "", "end": ""}
+    for key, value in vars(processor).items():
+        if not (key.endswith("_token") and _is_delimiter_key(key) and isinstance(value, str)):
+            continue
+        if value in vocab and vocab[value] not in expanded and "video" not in key:
+            side = "start" if any(word in key for word in _OPENING) else "end"
+            found[side] = found[side] or value
+    return (found["start"], found["end"]) if all(found.values()) else ("", "")
+
+
+def with_rope_sections(model: torch.nn.Module, text: PretrainedConfig) -> bool:
+    """Multi-axis rope sections for a model whose rotary embedding has none (it keeps
+    ``mrope_section`` None where its config names none: a checkpoint's does): its rotary
+    half-dimension split in three (temporal, height, width), written to ``text``'s rope
+    parameters. Whether it wrote them (the model must then be built again)."""
+    for module in model.modules():
+        if "mrope_section" not in vars(module) or module.mrope_section is not None:
+            continue
+        inv_freq = getattr(module, "inv_freq", None)
+        if not isinstance(inv_freq, torch.Tensor) or not isinstance(text.rope_parameters, dict):
+            continue  # an attention module keeping the sections: the rotary one has its width
+        half = int(inv_freq.numel())
+        text.rope_parameters = {
+            **text.rope_parameters,
+            "mrope_section": [half - 2 * (half // 3), half // 3, half // 3],
+        }
+        return True
+    return False
