@@ -453,6 +453,20 @@ def processor_class_named(name: str) -> type:
     return processor_cls
 
 
+def load_attention(model_class: type, config: Any) -> str:
+    """The attention a model is loaded with: SDPA, or eager where its class has no SDPA path
+    (``_supports_sdpa = False``: transformers refuses SDPA for it; the capture path is set on
+    the text model after loading either way). An auto class answers for the class it
+    would pick for ``config``."""
+    mapping = getattr(model_class, "_model_mapping", None)
+    if mapping is not None:
+        try:
+            model_class = mapping[type(config)]
+        except (KeyError, ValueError):
+            return "sdpa"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+
+
 def _find(ids: list[int], real: tuple[int, ...]) -> int | None:
     """Start of ``real`` inside ``ids`` (a padded, maybe folded row), or None."""
     if not real or len(real) > len(ids):

@@ -26,6 +26,7 @@ from transformers import AutoConfig
 from app.engine.identity import served_name
 from app.engine.runner import Runner
 from app.models import hub_access
+from app.models.generic import load_attention
 from app.models.registry import UnsupportedModelError, adapter_for
 
 log = logging.getLogger("lad.model")
@@ -268,7 +269,6 @@ def _load_weights(
     options: dict[str, Any] = {
         "revision": revision,
         "dtype": torch_dtype,
-        "attn_implementation": "sdpa",
         **remote,
     }
     if device_map is not None:
@@ -279,6 +279,7 @@ def _load_weights(
             )
         options["device_map"] = device_map
     model_class = _model_class(config, remote["trust_remote_code"])
+    options["attn_implementation"] = load_attention(model_class, config)
     return _pretrained(
         lambda src, revision: model_class.from_pretrained(src, **options),
         model,

@@ -31,6 +31,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
 from app.models.generic import (
+    load_attention,
     processor_class_named,
     refusal,
     stand_in_video_processor,
@@ -133,14 +134,15 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
     model_cls = _model_class(model_type)
+    attention = load_attention(model_cls, config)
     torch.manual_seed(seed)
     try:
-        model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
     if with_rope_sections(model, text):  # a checkpoint names them: built again with them
         torch.manual_seed(seed)
-        model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
