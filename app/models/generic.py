@@ -323,6 +323,14 @@ class GenericAdapter(HFAdapter):
     def attention_layers(self) -> tuple[int, ...]:
         return full_attention_layers(self.text_config())
 
+    def attn_implementation(self, text: str, vision: str = "sdpa") -> dict[str, str]:
+        """As the base, but a vision tower loaded on eager attention (it has no SDPA path:
+        ``_supports_sdpa = False``, e.g. a VQ image tokenizer) stays on it."""
+        chosen = super().attn_implementation(text, vision)
+        if vision == "sdpa" and self.vision_attn_implementation() == "eager":
+            chosen[self.vision_config_key] = "eager"
+        return chosen
+
     def decoder_layers(self) -> Sequence[torch.nn.Module]:
         try:
             return super().decoder_layers()
@@ -451,20 +459,6 @@ def processor_class_named(name: str) -> type:
     if processor_cls is None or not hasattr(processor_cls, "get_attributes"):
         raise ValueError(f"the checkpoint names no processor class transformers has ({name!r})")
     return processor_cls
-
-
-def load_attention(model_class: type, config: Any) -> str:
-    """The attention a model is loaded with: SDPA, or eager where its class has no SDPA path
-    (``_supports_sdpa = False``: transformers refuses SDPA for it; the capture path is set on
-    the text model after loading either way). An auto class answers for the class it
-    would pick for ``config``."""
-    mapping = getattr(model_class, "_model_mapping", None)
-    if mapping is not None:
-        try:
-            model_class = mapping[type(config)]
-        except (KeyError, ValueError):
-            return "sdpa"
-    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
 def _find(ids: list[int], real: tuple[int, ...]) -> int | None:

@@ -26,7 +26,6 @@ from transformers import AutoConfig
 from app.engine.identity import served_name
 from app.engine.runner import Runner
 from app.models import hub_access
-from app.models.generic import load_attention
 from app.models.registry import UnsupportedModelError, adapter_for
 
 log = logging.getLogger("lad.model")
@@ -266,6 +265,10 @@ def _load_weights(
     device_map: str | None,
     remote: dict[str, bool],
 ) -> torch.nn.Module:
+    # no attn_implementation: transformers' own choice, SDPA for each (sub)model that has it
+    # and eager for one that has not (``_supports_sdpa = False``, e.g. a VQ image
+    # tokenizer), where asking SDPA of all would refuse the model; the text model is put on
+    # the capture path after loading either way
     options: dict[str, Any] = {
         "revision": revision,
         "dtype": torch_dtype,
@@ -279,7 +282,6 @@ def _load_weights(
             )
         options["device_map"] = device_map
     model_class = _model_class(config, remote["trust_remote_code"])
-    options["attn_implementation"] = load_attention(model_class, config)
     return _pretrained(
         lambda src, revision: model_class.from_pretrained(src, **options),
         model,

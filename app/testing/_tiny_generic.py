@@ -31,7 +31,6 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
 from app.models.generic import (
-    load_attention,
     processor_class_named,
     refusal,
     stand_in_video_processor,
@@ -41,8 +40,10 @@ from app.models.registry import supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_defaults import (
     fill_unset,
+    lay_out_code_ranges,
     processor_delimiters,
     shrink_channel_lists,
+    shrink_conv_towers,
     with_rope_sections,
 )
 from app.testing._tiny_llava_onevision import byte_level_tokenizer
@@ -118,13 +119,15 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     fill_unset(_configs(config), config.get_text_config())
     shrink(config)
     shrink_channel_lists(_configs(config), HEADS * text_head_dim(config))
+    shrink_conv_towers(_configs(config))
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
+    vocabulary = lay_out_code_ranges(_configs(config), len(tokenizer))
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
-            sub.vocab_size = len(tokenizer)
+            sub.vocab_size = vocabulary
         for key, value in list(vars(sub).items()):  # per-layer input vocabularies and the like
             if key.startswith("vocab_size_") and isinstance(value, int) and value > len(tokenizer):
                 setattr(sub, key, len(tokenizer))
@@ -134,7 +137,7 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     if (getattr(text, "max_position_embeddings", None) or CONTEXT) < CONTEXT:
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
     model_cls = _model_class(model_type)
-    attention = load_attention(model_cls, config)
+    attention = None  # transformers' choice: SDPA where each (sub)model has it (the loader's)
     torch.manual_seed(seed)
     try:
         model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)

@@ -118,3 +118,50 @@ def with_rope_sections(model: torch.nn.Module, text: PretrainedConfig) -> bool:
         }
         return True
     return False
+
+
+CODEBOOK = 32
+"""Codes of a tiny discrete (VQ) tokenizer's codebook."""
+
+
+def lay_out_code_ranges(configs: list[PretrainedConfig], vocabulary: int) -> int:
+    """Where codes of discrete image or audio tokenizers enter the text vocabulary at an
+    offset (``image_token_offset``: code i is token offset + i), each ``codebook_size`` made
+    :data:`CODEBOOK` and the ranges laid out after the tokenizer's ``vocabulary``, in the
+    order of the default offsets. The text vocabulary size that holds them all."""
+    offsets = sorted(
+        (
+            (sub, key, value)
+            for sub in configs
+            for key, value in vars(sub).items()
+            if key.endswith("_token_offset")
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ),
+        key=lambda found: found[2],
+    )
+    if not offsets:
+        return vocabulary
+    for sub in configs:
+        if isinstance(vars(sub).get("codebook_size"), int):
+            sub.codebook_size = CODEBOOK
+    for i, (sub, key, _) in enumerate(offsets):
+        setattr(sub, key, vocabulary + i * CODEBOOK)
+    return vocabulary + len(offsets) * CODEBOOK
+
+
+CONV_WIDTH = 32
+"""Channels of a tiny convolutional tower (a VQ image tokenizer's ResNet stages): one
+group of transformers' 32-group norms."""
+_CONV_FIELDS = ("base_channels", "latent_channels")
+
+
+def shrink_conv_towers(configs: list[PretrainedConfig]) -> None:
+    """A convolutional tower's base and latent channels made :data:`CONV_WIDTH` and one
+    residual block per stage (its stage multipliers, hence its downsampling, kept)."""
+    for sub in configs:
+        for key in _CONV_FIELDS:
+            if _int(sub, key) > CONV_WIDTH:
+                setattr(sub, key, CONV_WIDTH)
+        if _int(sub, "num_res_blocks") > 1:
+            sub.num_res_blocks = 1
