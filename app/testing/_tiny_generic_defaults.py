@@ -30,7 +30,7 @@ def fill_unset(configs: list[PretrainedConfig], text: PretrainedConfig) -> None:
 def _head_dim(text: PretrainedConfig) -> None:
     """A text config with a ``head_dim`` field left None: hidden size / heads (what the
     config itself assumes where it reads one)."""
-    if "head_dim" in vars(text) and text.head_dim is None:
+    if "head_dim" in vars(text) and vars(text)["head_dim"] is None:  # not a per-layer one
         text.head_dim = int(text.hidden_size) // int(text.num_attention_heads)
 
 
