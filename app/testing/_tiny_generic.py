@@ -142,7 +142,9 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     try:
         model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
     except Exception as exc:  # the shrunk config does not build: name what broke
-        raise TinyBuildError(f"{model_type}: the shrunk config does not build: {exc}") from exc
+        raise TinyBuildError(
+            f"{model_type}: the shrunk config does not build: {str(exc).strip()}"
+        ) from exc
     if with_rope_sections(model, text):  # a checkpoint names them: built again with them
         torch.manual_seed(seed)
         model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
