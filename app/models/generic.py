@@ -390,6 +390,14 @@ class GenericAdapter(HFAdapter):
     def attention_layers(self) -> tuple[int, ...]:
         return full_attention_layers(self.text_config())
 
+    def attn_implementation(self, text: str, vision: str = "sdpa") -> dict[str, str]:
+        """As the base, but a vision tower loaded on eager attention (it has no SDPA path:
+        ``_supports_sdpa = False``, e.g. a VQ image tokenizer) stays on it."""
+        chosen = super().attn_implementation(text, vision)
+        if vision == "sdpa" and self.vision_attn_implementation() == "eager":
+            chosen[self.vision_config_key] = "eager"
+        return chosen
+
     def decoder_layers(self) -> Sequence[torch.nn.Module]:
         try:
             return super().decoder_layers()

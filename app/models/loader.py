@@ -275,10 +275,13 @@ def _load_weights(
     device_map: str | None,
     remote: dict[str, bool],
 ) -> torch.nn.Module:
+    # no attn_implementation: transformers' own choice, SDPA for each (sub)model that has it
+    # and eager for one that has not (``_supports_sdpa = False``, e.g. a VQ image
+    # tokenizer), where asking SDPA of all would refuse the model; the text model is put on
+    # the capture path after loading either way
     options: dict[str, Any] = {
         "revision": revision,
         "dtype": torch_dtype,
-        "attn_implementation": "sdpa",
         **remote,
     }
     if device_map is not None:

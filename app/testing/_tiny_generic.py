@@ -43,6 +43,14 @@ from app.testing._tiny_generic_agreement import (
     vit_patch_key,
     window_no_layer_uses,
 )
+from app.testing._tiny_generic_defaults import (
+    fill_unset,
+    lay_out_code_ranges,
+    processor_delimiters,
+    shrink_channel_lists,
+    shrink_conv_towers,
+    with_rope_sections,
+)
 from app.testing._tiny_generic_fields import add_read_delimiters
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
@@ -129,16 +137,20 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     for key, sub_cls in (getattr(config, "sub_configs", None) or {}).items():
         if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
             setattr(config, key, sub_cls())
+    fill_unset(_configs(config), config.get_text_config())
     shrink(config)
     add_read_delimiters(config, _model_class(model_type))
+    shrink_channel_lists(_configs(config), HEADS * text_head_dim(config))
+    shrink_conv_towers(_configs(config))
     processor = build_processor(model_type, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
     patch_queries_for_tower(config, processor)
+    vocabulary = lay_out_code_ranges(_configs(config), len(tokenizer))
     for sub in _configs(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
-            sub.vocab_size = len(tokenizer)
+            sub.vocab_size = vocabulary
         for key, value in list(vars(sub).items()):  # per-layer input vocabularies and the like
             if key.startswith("vocab_size_") and isinstance(value, int) and value > len(tokenizer):
                 setattr(sub, key, len(tokenizer))
@@ -149,16 +161,20 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         text.max_position_embeddings = CONTEXT  # N = 5 images of a few hundred tokens each
     window_no_layer_uses(text, CONTEXT)
     model_cls = _model_class(model_type)
+    attention = None  # transformers' choice: SDPA where each (sub)model has it (the loader's)
     torch.manual_seed(seed)
     try:
-        model = model_cls._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
     except Exception as exc:  # the shrunk config does not build: name what broke
         raise TinyBuildError(
             f"{model_type}: the shrunk config does not build: {str(exc).strip()}"
         ) from exc
+    if with_rope_sections(model, text):  # a checkpoint names them: built again with them
+        torch.manual_seed(seed)
+        model = model_cls._from_config(config, dtype=dtype, attn_implementation=attention)
     if rope_sections_agreed(model):  # the rope sections cover the rotary width now
         torch.manual_seed(seed)
-        model = model_cls._from_config(model.config, dtype=dtype, attn_implementation="sdpa")
+        model = model_cls._from_config(model.config, dtype=dtype, attn_implementation=attention)
     model = model.eval()
     _agree_on_image_tokens(model, processor)
     return model, processor
@@ -702,6 +718,8 @@ def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
             text = getattr(processor, stem, None) or _token_text(stem)
             if text in vocab and vocab[text] not in expanded:
                 found[match.group(2)] = found[match.group(2)] or text
+    if not found["start"] and not found["end"]:
+        return processor_delimiters(processor, expanded)
     if bool(found["start"]) != bool(found["end"]):
         return "", ""
     return found["start"], found["end"]
