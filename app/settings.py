@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.engine.prompts import DEFAULT_COT_PROMPT
+from app.engine.labels import DEFAULT_COT_PROMPT
 from app.method.methods import MethodConfig
 from lad_client.vocabulary import MAX_N
 

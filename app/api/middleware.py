@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import errors
 from app.budget import BODY_COPIES, OWN_BYTES, ByteBudget
 from app.settings import Settings
-from lad_client.routes import SMALL_BODY_BYTES, find
+from lad_client.routes import PATTERNS, SMALL_BODY_BYTES
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
@@ -158,13 +158,37 @@ class BodyTimeout(HTTPException):
         )
 
 
-def body_limit(settings: Settings, method: str, path: str) -> tuple[int, str]:
-    """The byte limit of a request's body and the setting that names it: its route's
-    ``body_limit`` in the route table (SMALL_BODY_BYTES for a route without one, or none)."""
-    route = find(method, path)
-    if route is None or route.body_limit is None:
-        return SMALL_BODY_BYTES, "fixed for routes without a body"
-    return getattr(settings, route.body_limit), route.limit_setting
+BodyLimits = tuple[tuple[str, re.Pattern[str], int, str], ...]
+"""Each route of the table, in its order: method, the pattern of its concrete paths, its
+body byte limit and the setting that names it."""
+
+NO_BODY_SETTING = "fixed for routes without a body"
+
+
+def body_limits(settings: Settings) -> BodyLimits:
+    """Every route's body limit, read from the route table and the settings once (the body
+    guard does it when it is built): its ``body_limit``, SMALL_BODY_BYTES for none."""
+    return tuple(
+        (
+            route.method,
+            pattern,
+            SMALL_BODY_BYTES if route.body_limit is None else getattr(settings, route.body_limit),
+            route.limit_setting,
+        )
+        for route, pattern in PATTERNS
+    )
+
+
+def body_limit(
+    settings: Settings, method: str, path: str, limits: BodyLimits | None = None
+) -> tuple[int, str]:
+    """The byte limit of a request's body and the setting that names it, from ``limits``
+    (``body_limits(settings)`` when not given): its route's, SMALL_BODY_BYTES for a path
+    no route serves."""
+    for route_method, pattern, limit, setting in limits or body_limits(settings):
+        if route_method == method and pattern.fullmatch(path):
+            return limit, setting
+    return SMALL_BODY_BYTES, NO_BODY_SETTING
 
 
 class BodyGuardMiddleware:
@@ -173,12 +197,13 @@ class BodyGuardMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         self.settings = settings
+        self.limits = body_limits(settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, setting = body_limit(self.settings, scope["method"], scope["path"])
+        limit, setting = body_limit(self.settings, scope["method"], scope["path"], self.limits)
         length = Headers(scope=scope).get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             error = errors.PayloadTooLarge(

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from app.demo import world
-from app.engine.labels import SCHEMES, resolve_labels
-from app.engine.prompts import prompt_text
+from app.engine.labels import SCHEMES, prompt_text, resolve_labels
 from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
 
 DIGITS: tuple[str, ...] = tuple(str(i) for i in range(1, 13))

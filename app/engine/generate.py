@@ -18,8 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from app.engine.interface import RetrievalItem
-from app.engine.labels import LabelSpec, resolve_labels
-from app.engine.prompts import DEFAULT_COT_PROMPT, cot_prompt_text
+from app.engine.labels import DEFAULT_COT_PROMPT, LabelSpec, cot_prompt_text, resolve_labels
 from app.engine.runner import Runner
 from app.method.answers import parse_answer
 

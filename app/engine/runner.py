@@ -42,14 +42,27 @@ from app.engine.attention import (
     enable_capture,
 )
 from app.engine.encoder_cache import EncoderCache
-from app.engine.fold import chain_path, fold_batch, folded_scoring
-from app.engine.head import install_label_head, label_head
 from app.engine.identity import config_hash, weights_hash
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.kv_cache import cache_argument, cache_entry
-from app.engine.labels import Labels, LabelSpec, resolve_labels, scheme_name
-from app.engine.prompts import prompt_hash, prompt_text
-from app.engine.trie import LabelTrie, StepFn, score_label_tries
+from app.engine.label_scoring import (
+    LabelTrie,
+    StepFn,
+    chain_path,
+    fold_batch,
+    folded_scoring,
+    install_label_head,
+    label_head,
+    score_label_tries,
+)
+from app.engine.labels import (
+    Labels,
+    LabelSpec,
+    prompt_hash,
+    prompt_text,
+    resolve_labels,
+    scheme_name,
+)
 from calibration_store.profile import Fingerprint
 
 TRIE_CACHE_SIZE = 256
@@ -313,7 +326,7 @@ class Runner:
 
         Folds when every row's trie branches along one chain (and ``_fold_chains``),
         else runs the prompt forward plus cached steps. Every model call computes the
-        logits of the labels' tokens only (``app.engine.head``). The caller holds the lock.
+        logits of the labels' tokens only (``app.engine.label_scoring``). The caller holds the lock.
         """
         start = time.perf_counter() if start is None else start
         chains = [chain_path(t) for t in tries]

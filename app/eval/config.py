@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli_help import cli_flag, flag
-from app.engine.labels import SCHEMES
-from app.engine.prompts import PROMPT_VARIANTS
+from app.engine.labels import PROMPT_VARIANTS, SCHEMES
 from app.eval.datasets import DATASETS
 from app.eval.evidence import EVAL_METHODS
 from app.eval.paper import PROTOCOLS, ProtocolSpec, random_orders, spec

@@ -271,8 +271,7 @@ def generation(
     instruction under its GenerationSpec (default: the protocol's for ``method``): its
     prompt, budget, sampling settings, inherited or explicit, and answer parser."""
     from app.engine.generate import generate_answers
-    from app.engine.labels import resolve_labels
-    from app.engine.prompts import prompt_text
+    from app.engine.labels import prompt_text, resolve_labels
     from app.method.answers import majority_vote, parse_answer_paper
 
     if g_spec is None:

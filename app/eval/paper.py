@@ -59,7 +59,7 @@ class GenerationSpec:
     (the checkpoint's generation_config set aside). ``inherit`` (the authors'): the
     checkpoint's generation_config stays and only these are passed; None: not passed."""
 
-    prompt: str  # a CoT template (app.engine.prompts.cot_prompt_text); see prompt_variant
+    prompt: str  # a CoT template (app.engine.labels.cot_prompt_text); see prompt_variant
     max_new_tokens: int
     do_sample: bool
     temperature: float = 1.0

@@ -17,8 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.engine.labels import resolve_labels
-from app.engine.prompts import cot_prompt_text, prompt_text
+from app.engine.labels import cot_prompt_text, prompt_text, resolve_labels
 from app.eval.paper import paper_layers, spec, tile_cap
 from app.method.methods import METHODS, NEEDS_CALIBRATION
 

@@ -2,7 +2,7 @@
 
 ``cot`` asks for reasoning first and a final "The answer is <label>"; ``self_consistency``
 samples several such paths and takes the majority of the parsed answers (the prompt text
-is ``app.engine.prompts.cot_prompt_text``). ``parse_answer_paper`` is the authors' reading
+is ``app.engine.labels.cot_prompt_text``). ``parse_answer_paper`` is the authors' reading
 of a generated answer (the "paper" protocol). Pure functions over strings and integers.
 """
 

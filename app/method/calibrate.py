@@ -39,10 +39,6 @@ class Calibration:
         """Indices into Λ of the layers whose prior starves a position (§2.4 sink guard)."""
         return [int(i) for i in np.flatnonzero(debias.sink_layers(self.attention_prior))]
 
-    def allowed_layers(self, guard: bool = True) -> np.ndarray | None:
-        """The mask of Λ that L* may use: the sink guard's when ``guard``, else None (all)."""
-        return debias.allowed_layers(self.attention_prior) if guard else None
-
 
 def calibration_instances(
     examples: Sequence[Example[T]],

@@ -96,13 +96,14 @@ def _posterior(attention: Any, calibration: Calibration, config: MethodConfig) -
     """Steps 1–3 of §2.4 under the config: the sink guard's layer mask, the prior or ones
     (without the prior division there is nothing for a sink layer to blow up: no guard)."""
     prior = np.asarray(calibration.attention_prior, dtype=np.float64)
+    guarded = config.sink_guard and config.use_prior
     return debias.attention_posterior(
         attention,
         prior if config.use_prior else np.ones_like(prior),
         top_k=config.top_k,
         tau=config.tau,
         variant=config.posterior_variant,
-        layer_mask=calibration.allowed_layers(config.sink_guard and config.use_prior),
+        layer_mask=debias.allowed_layers(prior) if guarded else None,
     )
 
 

@@ -25,8 +25,6 @@ from app.engine.adapter import PromptBatch
 from app.engine.encoder_split import EncoderSplit, GridRows
 from app.models import qwen_inputs
 from app.models.base import HFAdapter, size_field, without_video_processor
-from app.models.image_dedup import image_sources, unique_image_features
-from app.models.image_dedup import install as install_unique_images
 from app.models.registry import register
 
 Qwen2VLProcessorNoVideo = without_video_processor(
@@ -67,7 +65,7 @@ class Qwen2VLAdapter(HFAdapter):
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
-        install_unique_images(processor)  # perm_avg's N rotations: each image processed once
+        qwen_inputs.install(processor)  # perm_avg's N rotations: each image processed once
 
     @classmethod
     def set_pixel_budget(
@@ -158,7 +156,7 @@ class Qwen2VLAdapter(HFAdapter):
             batch = PromptBatch(inputs=inputs, n_images=[len(row) for row in images])
         else:
             batch = super().process(prompts, images, **options)
-        sources = image_sources([image for row in images for image in row])
+        sources = qwen_inputs.image_sources([image for row in images for image in row])
         if sources is not None:
             batch.extra["image_sources"] = sources
         return batch
@@ -170,7 +168,7 @@ class Qwen2VLAdapter(HFAdapter):
         sources = batch.extra.get("image_sources")
         if sources is not None and "pixel_values" in kwargs:  # repeated images: encode once
             kwargs["mm_encoder_outputs"] = {
-                "image": unique_image_features(
+                "image": qwen_inputs.unique_image_features(
                     self._inner(), kwargs.pop("pixel_values"), kwargs["image_grid_thw"], sources
                 )
             }

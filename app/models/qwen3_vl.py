@@ -8,7 +8,7 @@ R_k includes both delimiters. What differs, and why the Qwen2-VL answers still h
   multiples of 32;
 * "deepstack": features of intermediate vision layers are added to the hidden states of
   the first decoder layers at the image-token positions. This changes no token and no
-  span; repeated images are still encoded once (``image_dedup`` reorders those features);
+  span; repeated images are still encoded once (``qwen_inputs`` reorders those features);
 * the mrope (interleaved sections; the text after an image advances by max(h, w) of its
   grid) is computed by the model's own ``get_rope_index`` from ``mm_token_type_ids``,
   which leaves ``rope_deltas`` on ``model.model`` as Qwen2-VL does, so cached label steps

@@ -252,12 +252,13 @@ def _pattern(path: str) -> re.Pattern[str]:
     return re.compile(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path)))
 
 
-_PATTERNS = tuple((route, _pattern(route.path)) for route in ROUTES)
+PATTERNS = tuple((route, _pattern(route.path)) for route in ROUTES)
+"""Each route with the pattern of the concrete paths it serves, in the table's order."""
 
 
 def find(method: str, path: str) -> Route | None:
     """The route a request for ``path`` (not a template) reaches, or None."""
-    for route, pattern in _PATTERNS:
+    for route, pattern in PATTERNS:
         if route.method == method and pattern.fullmatch(path):
             return route
     return None

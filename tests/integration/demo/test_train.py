@@ -10,7 +10,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from app.demo import train, train_data, world
 from app.demo.processor import build_processor, load_processor
-from app.engine.prompts import prompt_text
+from app.engine.labels import prompt_text
 
 MODEL_DIR = Path(train.__file__).resolve().parent / "model"
 TINY = {

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from app.engine.interface import RetrievalItem
+from app.engine.label_scoring import label_token_sequences
 from app.engine.runner import Runner
-from app.engine.trie import label_token_sequences
 
 
 def brute_force_scores(runner: Runner, item: RetrievalItem, labels: list[str]) -> np.ndarray:

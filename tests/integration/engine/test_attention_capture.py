@@ -14,7 +14,7 @@ from app.engine.attention import (
     last_row_attention,
     span_mass,
 )
-from app.engine.fold import chain_path, fold_batch
+from app.engine.label_scoring import chain_path, fold_batch
 from app.engine.labels import resolve_labels
 from app.engine.runner import RetrievalItem
 from app.testing.tiny_models import FAMILIES, attention_layers, random_images

@@ -1,5 +1,5 @@
-"""The label head (app/engine/head.py): while scoring, the output head computes the label
-tokens' rows only, with the full head's values, and the scores do not change."""
+"""The label head (app/engine/label_scoring.py): while scoring, the output head computes
+the label tokens' rows only, with the full head's values, and the scores do not change."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine.head import install_label_head, label_head
 from app.engine.interface import RetrievalItem
+from app.engine.label_scoring import install_label_head, label_head
 from app.engine.labels import resolve_labels
 from app.testing.tiny_models import random_images, tiny_runner
 from tests.integration.engine.reference import brute_force_scores

@@ -11,13 +11,11 @@ from pydantic import ValidationError
 from transformers import BertConfig
 
 from app.engine.adapter import PromptBatch
-from app.engine.fold import chain_path
 from app.engine.identity import config_hash
 from app.engine.interface import ForwardResult, RetrievalItem
-from app.engine.labels import resolve_labels
-from app.engine.prompts import prompt_hash
+from app.engine.label_scoring import LabelTrie, chain_path
+from app.engine.labels import prompt_hash, resolve_labels
 from app.engine.runner import Runner
-from app.engine.trie import LabelTrie
 from app.models.loader import load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
 from app.testing.tiny_models import (

@@ -7,7 +7,7 @@ import torch
 
 from app.engine.runner import RetrievalItem
 from app.method import debias
-from app.models.image_dedup import image_sources, install, unique_image_processing
+from app.models.qwen_inputs import image_sources, install, unique_image_processing
 from app.testing.tiny_models import random_images
 
 

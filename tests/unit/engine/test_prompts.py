@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.labels import resolve_labels
-from app.engine.prompts import (
+from app.engine.labels import (
     DEFAULT_COT_PROMPT,
     PROMPT_VARIANTS,
     cot_prompt_text,
     prompt_hash,
     prompt_text,
+    resolve_labels,
 )
 from app.engine.runner import RetrievalItem
 from app.testing.tiny_models import random_images

@@ -19,8 +19,8 @@ from tokenizers import pre_tokenizers
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from app.engine.kv_cache import cache_argument
+from app.engine.label_scoring import LabelTrie, StepFn, label_token_sequences, score_label_tries
 from app.engine.labels import resolve_labels
-from app.engine.trie import LabelTrie, StepFn, label_token_sequences, score_label_tries
 
 # ---------------------------------------------------------------- trie structure
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.prompts import cot_prompt_text
+from app.engine.labels import cot_prompt_text
 from app.eval.paper import (
     OURS,
     PAPER,
@@ -77,7 +77,7 @@ def test_paper_prompts_byte_for_byte() -> None:
 
 
 def test_vanilla_and_instruction_prompts_are_the_authors() -> None:
-    from app.engine.prompts import prompt_text
+    from app.engine.labels import prompt_text
 
     intro = (
         "Given 4 images indexed from 1 to 4, identify the image that best matches the "
