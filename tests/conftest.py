@@ -55,7 +55,9 @@ def shared_runner() -> Callable[..., Any]:
 
     Every test module that asks for the same arguments gets the same object, so a test must
     leave the runner as it found it (monkeypatch, or restore in ``finally``); a test that
-    changes a runner for good builds its own with ``tiny_runner``."""
+    changes a runner for good builds its own with ``tiny_runner``. ``shared_runner.built(model,
+    **options)`` is the runner already made for those arguments, or None (nothing is built:
+    the model matrix checks another test's build where there is one, and keeps no other)."""
     import torch
 
     torch.set_num_threads(1)
@@ -74,6 +76,10 @@ def shared_runner() -> Callable[..., Any]:
                 built[key] = tiny_runner(model, **options)
         return built[key]
 
+    def already(model: str = "qwen2_5_vl", **options: Any) -> Any:
+        return built.get(_key(model, options))
+
+    get.built = already  # type: ignore[attr-defined]
     return get
 
 

@@ -21,7 +21,8 @@ weights here (docs/models.md says what was and was not tested). What it takes fr
 - Its forward takes a fixed list of arguments (no ``**kwargs``, no ``logits_to_keep``):
   the prompt kwargs are narrowed to what it takes, and ``logits_to_keep`` is honoured by
   cutting the hidden states before the LM head (``KeptLogits``), so the prompt forward
-  never builds (B, T, V) logits.
+  never builds (B, T, V) logits. That list names the cache ``past_key_values``, so the
+  ``cache`` that transformers 5.24's ``generate`` passes is handed to it under that name.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 
 from app.engine.adapter import PromptBatch
 from app.engine.attention import EAGER_HOOK_CAPTURE
+from app.engine.kv_cache import CACHE, cache_argument
 from app.models.base import HFAdapter
 from app.models.qwen2_vl import Qwen2VLAdapter
 from app.models.registry import register
@@ -63,6 +65,18 @@ class KeptLogits:
         self.keep = None
 
 
+def rename_cache(model: torch.nn.Module, name: str) -> None:
+    """A pre-hook on the model passing ``generate``'s cache (transformers 5.24 calls it
+    ``cache``) under ``name``, the one its fixed argument list takes (``past_key_values``)."""
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if CACHE in kwargs:
+            kwargs[name] = kwargs.pop(CACHE)
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 @register
 class LlavaOneVision15Adapter(Qwen2VLAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("llavaonevision1_5",)
@@ -84,6 +98,8 @@ class LlavaOneVision15Adapter(Qwen2VLAdapter):
         self._forward_args = None if takes_any else frozenset(parameters)
         if self._forward_args is not None and "logits_to_keep" not in self._forward_args:
             KeptLogits(model)
+        if self._forward_args is not None and CACHE not in self._forward_args:
+            rename_cache(model, cache_argument(model.forward))
 
     def image_spans(self, input_ids: torch.Tensor, n_images: int) -> list[tuple[int, int]]:
         return HFAdapter.image_spans(self, input_ids, n_images)

@@ -35,6 +35,7 @@ Qwen2-VL family; any other output goes through the processor unchanged.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,10 @@ import torch
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-_TABLE = "_lad_value_table"
+_TABLES: weakref.WeakKeyDictionary[Any, tuple[tuple, np.ndarray]] = weakref.WeakKeyDictionary()
+"""Each image processor's value table, with the settings it was made for (kept beside the
+processor, not on it: an attribute would be written by ``save_pretrained``, which cannot
+write an array)."""
 
 
 def _value_table(image_processor: Any) -> np.ndarray:
@@ -57,7 +61,7 @@ def _value_table(image_processor: Any) -> np.ndarray:
         str(image_processor.image_mean),
         str(image_processor.image_std),
     )
-    cached = getattr(image_processor, _TABLE, None)
+    cached = _TABLES.get(image_processor)
     if cached is not None and cached[0] == key:
         return cached[1]
     values = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 1, 256)).copy()
@@ -68,7 +72,7 @@ def _value_table(image_processor: Any) -> np.ndarray:
             values, image_processor.image_mean, image_processor.image_std
         )
     table = np.asarray(values, dtype=np.float32)[:, 0, :]
-    setattr(image_processor, _TABLE, (key, table))  # settings may change: kept with its key
+    _TABLES[image_processor] = (key, table)  # settings may change: kept with its key
     return table
 
 

@@ -37,6 +37,7 @@ from app.models.generic import (
 )
 from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
+from app.testing import _tiny_generic_images as _images
 from app.testing._tiny_generic_agreement import (
     patch_queries_for_tower,
     tower_size_from_processor,
@@ -126,8 +127,12 @@ def image_text_types() -> tuple[str, ...]:
     return tuple(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
-def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model, processor) of ``model_type``, random and tiny; TinyBuildError where it cannot."""
+def build(
+    model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, small_images: bool = True
+) -> tuple[Any, Any]:
+    """(model, processor) of ``model_type``, random and tiny; TinyBuildError where it cannot.
+    ``small_images``: smaller images where the type's own settings allow
+    (``app.testing._tiny_generic_images``; False: the tower's default image size)."""
     if model_type not in CONFIG_MAPPING:
         raise TinyBuildError(f"{model_type!r} is not a model type of transformers")
     config = CONFIG_MAPPING[model_type]()
@@ -142,7 +147,14 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
     add_read_delimiters(config, _model_class(model_type))
     shrink_channel_lists(_configs(config), HEADS * text_head_dim(config))
     shrink_conv_towers(_configs(config))
+    fixed = small_images and _images.fixed_size(
+        _image_processor(model_type, _processor_class(model_type))
+    )
+    factor = _images.smaller_images(config) if fixed else 1
+    _images.smaller_autoencoder(config)
+    _images.fewer_linear_heads(config, HEADS)
     processor = build_processor(model_type, config)
+    _images.follow_pinpoints(processor.image_processor, config)
     tokenizer = processor.tokenizer
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
@@ -177,6 +189,11 @@ def build(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32)
         model = model_cls._from_config(model.config, dtype=dtype, attn_implementation=attention)
     model = model.eval()
     _agree_on_image_tokens(model, processor)
+    if small_images:
+        text, images = _images.probe(placeholder_of(processor))
+        if factor > 1 and not _images.runs(model, processor, text, images):
+            return build(model_type, seed=seed, dtype=dtype, small_images=False)
+        _images.smaller_budgets(model, processor, text, images)
     return model, processor
 
 

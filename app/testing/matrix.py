@@ -112,8 +112,10 @@ def served_checks(runner: Any, directory: Path) -> dict[str, str]:
     sums = [float(np.exp(s).sum()) for s in out.scores]
     results[CHECKS[1]] = "ok" if all(abs(x - 1) < 1e-6 for x in sums) else f"sums {sums}"
     worst = 0.0
+    alones = []
     for item, scores, attention in zip(items, out.scores, out.attention, strict=True):
         alone = runner.forward([item])
+        alones.append(alone)
         worst = max(
             worst,
             float(np.max(np.abs(scores - alone.scores[0]))),
@@ -121,7 +123,7 @@ def served_checks(runner: Any, directory: Path) -> dict[str, str]:
         )
     results[CHECKS[2]] = "ok" if worst <= TOLERANCE else f"max diff {worst:.1e}"
     one = items[:1]
-    captured = runner.forward(one).attention[0]
+    captured = alones[0].attention[0]  # the capture of the first item alone (check 3's)
     single = runner.process(one)
     spans = runner.adapter.image_spans(single.input_ids[0], len(one[0].images))
     attentions = eager_attentions(runner.model, runner.adapter, single, logits_to_keep=1)
@@ -140,8 +142,10 @@ def served_checks(runner: Any, directory: Path) -> dict[str, str]:
     return results
 
 
-def outcome(model_type: str) -> dict[str, Any]:
-    """This type's row of the matrix (module docstring)."""
+def outcome(model_type: str, runner: Any = None) -> dict[str, Any]:
+    """This type's row of the matrix (module docstring). ``runner``: one already made over
+    ``build_tiny(model_type)`` (``tiny_runner(model_type)``, e.g. another test's), checked
+    instead of a new build; the checks leave it as they found it."""
     from app.models.loader import make_runner
     from app.testing.tiny_models import build_tiny
 
@@ -151,13 +155,14 @@ def outcome(model_type: str) -> dict[str, Any]:
     if reason is not None:
         return {**row, "status": REFUSED, "reason": reason}
     try:
-        model, processor = build_tiny(model_type)
-        try:
-            runner = make_runner(model, processor, model_id=f"tiny-{model_type}")
-        except ValueError as exc:  # refused once its processor is there (processor_probe)
-            if not str(exc).startswith("cannot serve"):
-                raise
-            return {**row, "status": REFUSED, "reason": str(exc)}
+        if runner is None:
+            model, processor = build_tiny(model_type)
+            try:
+                runner = make_runner(model, processor, model_id=f"tiny-{model_type}")
+            except ValueError as exc:  # refused once its processor is there (processor_probe)
+                if not str(exc).startswith("cannot serve"):
+                    raise
+                return {**row, "status": REFUSED, "reason": str(exc)}
         with tempfile.TemporaryDirectory() as directory:
             checks = served_checks(runner, Path(directory))
     except Exception as exc:  # anything that stops the tiny build or its checks: recorded

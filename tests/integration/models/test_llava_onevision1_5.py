@@ -11,6 +11,7 @@ import torch
 import transformers.dynamic_module_utils
 
 from app.engine.attention import EAGER_HOOK_CAPTURE, eager_attentions, span_mass
+from app.engine.generate import generate_answers
 from app.engine.interface import RetrievalItem
 from app.models.llava_onevision1_5 import LlavaOneVision15Adapter
 from app.models.loader import ModelLoadError, load_runner
@@ -88,3 +89,20 @@ def test_remote_code_loads_only_with_trust_remote_code(
     a, b = runner.forward(_items()), loaded.forward(_items())
     for x, y in zip(a.scores + a.attention, b.scores + b.attention, strict=True):
         np.testing.assert_allclose(y, x, atol=1e-6, rtol=0)
+
+
+def test_the_stand_in_generates_through_its_cache(runner) -> None:
+    """transformers 5.24's ``generate`` passes the cache as ``cache``; the published forward
+    names it ``past_key_values`` (and takes no ``**kwargs``): the adapter hands it over, so
+    decoding with the cache gives the tokens that decoding without one does."""
+    items = _items()[:1]
+    (answer,) = generate_answers(runner, items, max_new_tokens=4)
+    assert 1 <= answer.forward_passes <= 4
+    kwargs = runner.adapter.prompt_kwargs(runner.process(items))
+    kwargs.pop("position_ids")  # from the cache, as the published forward makes them
+    settings = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False}
+    with torch.inference_mode():
+        cached = runner.model.generate(**kwargs, **settings)
+        plain = runner.model.generate(**kwargs, **settings, use_cache=False)
+    assert cached.shape[1] == kwargs["input_ids"].shape[1] + 4
+    assert torch.equal(cached, plain)

@@ -7,6 +7,8 @@ normalised, an N = 3 + 5 batch equals its items alone, captured == eager to 1e-5
 its saved directory served through load_runner); a refused type is still refused at load
 with the same reason. Types not built here must still fail to build or check (so that one
 starting to work is noticed and recorded with ``python -m app.testing.matrix --write``).
+A type another test of the session has already built (``shared_runner(model_type)``, the
+same ``tiny_runner``) is checked on that build rather than built again.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def test_the_record_covers_the_whole_mapping() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", image_text_types())
-def test_each_type_keeps_its_outcome(model_type: str) -> None:
+def test_each_type_keeps_its_outcome(model_type: str, shared_runner) -> None:
     torch.set_num_threads(1)
     committed = RECORD[model_type]
-    now = outcome(model_type)
+    now = outcome(model_type, runner=shared_runner.built(model_type))  # another test's build
     assert now["status"] == committed["status"], now.get("reason")
     if now["status"] == SERVED:
         assert now["tested"] == committed["tested"]

@@ -49,6 +49,19 @@ def test_direct_inputs_equal_the_processor(family: str, labels: str) -> None:
     assert int(direct.attention_mask[0].sum()) < direct.attention_mask.shape[1]  # left-padded
 
 
+def test_the_processor_still_saves_after_the_direct_path(tmp_path) -> None:
+    """The value table the direct path keeps for an image processor is kept beside it: an
+    attribute on it would go to ``save_pretrained``, which cannot write an array."""
+    runner = tiny_runner("qwen2_5_vl")
+    images = random_images(2, seed=5, sizes=[(56, 56)])
+    items = [RetrievalItem("a red square", images)]
+    assert runner.adapter.image_size_for(56, 56) == (56, 56)  # decode's size: the direct path
+    assert qwen_inputs.applies(runner.processor, images, sized=True)
+    runner.process(items)
+    runner.processor.save_pretrained(tmp_path)
+    assert (tmp_path / "processor_config.json").is_file()
+
+
 def test_direct_inputs_equal_the_processor_on_the_demo_model() -> None:
     """The demo model's word-level tokenizer and its fixed 56 x 56 images (what decode
     makes of any upload), through the runner, as the service calls it."""
