@@ -35,6 +35,13 @@ class EncoderSplit(Protocol):
 
     name: str
 
+    @property
+    def image_pixels(self) -> str | None:
+        """The pixel argument whose units are the call's images, one each, in order (the
+        cache then keys a unit by its image's content id, not its pixels); None when a unit
+        is a piece of an image whose place in it the split does not know (tiles)."""
+        ...
+
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         """Per-unit slices of ``arguments`` (the call's named arguments), in call order;
         None when the call does not have this split's shape (it then runs uncached)."""
@@ -83,6 +90,10 @@ class GridRows(_PerUnitOutput):
     pixels: str = "pixel_values"
     grid: str = "image_grid_thw"
 
+    @property
+    def image_pixels(self) -> str | None:
+        return self.pixels
+
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels, grid = arguments.get(self.pixels), arguments.get(self.grid)
         if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor):
@@ -113,6 +124,10 @@ class FirstDim(_PerUnitOutput):
     keys: tuple[str, ...] = ("pixel_values", "image_sizes")
     per_image: bool = True
 
+    @property
+    def image_pixels(self) -> str | None:
+        return self.keys[0] if self.per_image else None
+
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels = arguments.get(self.keys[0])
         if not isinstance(pixels, torch.Tensor) or pixels.ndim < 4:
@@ -141,6 +156,10 @@ class Tiles:
     name: str = "tiles"
     pixels: str = "pixel_values"
     mask: str = "pixel_attention_mask"
+
+    @property
+    def image_pixels(self) -> str | None:
+        return None  # a unit is a tile; which image and which tile is not known here
 
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels, mask = arguments.get(self.pixels), arguments.get(self.mask)
