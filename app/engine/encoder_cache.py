@@ -314,8 +314,12 @@ class EncoderCache:
         self.stats.misses += len(todo)
         layout = self._layouts.get(owner)
         if todo:
+            every = split.whole and len(todo) == len(keys)  # all distinct misses: the call
             first = {k: keys.index(k) for k in todo}
-            output = original(**shared, **split.join([parts[first[k]] for k in todo]))
+            subset = (
+                arguments if every else {**shared, **split.join([parts[first[k]] for k in todo])}
+            )
+            output = original(**subset)
             cut = split.unit_output(output, len(todo))
             if cut is None:  # not a per-unit output: this model runs uncached from now on
                 log.warning("encoder cache: %s output is not per unit; bypassing", split.name)
@@ -326,6 +330,8 @@ class EncoderCache:
             for key, unit in zip(todo, features, strict=True):
                 found[key] = unit
                 self.put(key, unit)
+            if every:  # nothing to put back together
+                return output
         if layout is None:  # hits without a layout: only after clear() raced a call
             return original(**arguments)
         return split.assemble([found[k] for k in keys], layout, arguments)

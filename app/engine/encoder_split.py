@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -34,6 +34,9 @@ class EncoderSplit(Protocol):
     """A family's answer to "which slices of this call belong to which unit"."""
 
     name: str
+    whole: ClassVar[bool]
+    """Whether ``join`` of all a call's units, in order, is the call's own tensor arguments
+    (so a call that misses every unit runs as it is)."""
 
     @property
     def image_pixels(self) -> str | None:
@@ -87,6 +90,7 @@ class GridRows(_PerUnitOutput):
     owns t·h·w rows. The tower attends within each image only (its ``cu_seqlens``)."""
 
     name: str = "grid_rows"
+    whole: ClassVar[bool] = True
     pixels: str = "pixel_values"
     grid: str = "image_grid_thw"
 
@@ -121,6 +125,7 @@ class FirstDim(_PerUnitOutput):
     tile encoded on its own (InternVL), whatever the count."""
 
     name: str = "first_dim"
+    whole: ClassVar[bool] = True
     keys: tuple[str, ...] = ("pixel_values", "image_sizes")
     per_image: bool = True
 
@@ -154,6 +159,7 @@ class Tiles:
     output holds one tensor per prompt row, its real tiles' features concatenated."""
 
     name: str = "tiles"
+    whole: ClassVar[bool] = False  # the call holds padding tiles and one row per prompt
     pixels: str = "pixel_values"
     mask: str = "pixel_attention_mask"
 
