@@ -60,11 +60,14 @@ def distinct_objects(images: Sequence[Any]) -> list[Any]:
 
 
 def preprocessing_fingerprint(processor: Any) -> str:
-    """sha256 of the image processor's configuration (the processor's own when it has no
-    separate image processor); "" when it has none to read."""
+    """sha256 of the image processor's public settings (the processor's own when it has no
+    separate image processor); "" when it has none to read. Private attributes are left
+    out: they hold what was derived from the settings (e.g. a value table kept with its
+    key), not settings, and printing them would cost more than the key saves."""
     source = getattr(processor, "image_processor", None) or processor
-    to_dict = getattr(source, "to_dict", None)
-    if not callable(to_dict):
+    settings = getattr(source, "__dict__", None)
+    if not settings:
         return ""
-    config = json.dumps(to_dict(), sort_keys=True, default=str)
+    public = {k: v for k, v in settings.items() if not k.startswith("_")}
+    config = json.dumps(public, sort_keys=True, default=repr)
     return hashlib.sha256(f"{type(source).__name__}|{config}".encode()).hexdigest()[:16]

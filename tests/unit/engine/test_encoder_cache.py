@@ -181,6 +181,8 @@ def test_the_preprocessing_fingerprint_follows_the_image_processors_settings() -
     processor = Qwen2VLImageProcessor()
     before = preprocessing_fingerprint(processor)
     assert before == preprocessing_fingerprint(Qwen2VLImageProcessor())
+    processor._derived_table = list(range(10))  # private: derived state, not a setting
+    assert preprocessing_fingerprint(processor) == before
     processor.image_mean = [0.1, 0.2, 0.3]
     assert preprocessing_fingerprint(processor) != before
     assert preprocessing_fingerprint(object()) == ""
