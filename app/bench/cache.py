@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from app.bench.engine_setup import DEVICE, QUERY, build, sync
+from app.bench.engine_setup import DEVICE, QUERY, build, model_options, record_tag, sync
 from app.bench.results import device_name, write_record
 from app.cli_help import command_parser
 
@@ -306,8 +306,6 @@ def render(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(prog="lad bench cache", description=__doc__)
-    parser.add_argument("--model", default="tiny", help="tiny-<family> or shape:<name>")
-    parser.add_argument("--width", type=int, help="shape: models: the text hidden size")
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--side", type=int, default=112, help="image side (pixels)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds")
@@ -320,18 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent")
     parser.add_argument("--stream-reps", type=int, default=2, help="replays off and on")
     parser.add_argument("--bound-entries", type=int, default=32, help="cache bound in images")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--device", default="cpu", help='"cpu" or "cuda"')
-    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--out", help="record path (default bench/results/cache_<model>.json)")
+    model_options(parser)
     args = parser.parse_args(argv)
     DEVICE.update(device=args.device, dtype=args.dtype, width=args.width)
     load_start = os.getloadavg()[0]
     runner = build(args.model, args.side, args.threads)
     result = measure(args, runner)
-    tag = args.model.replace("shape:", "shape_").replace("tiny-", "tiny_")
-    tag = "tiny_qwen2_5_vl" if tag == "tiny" else tag
-    tag += f"_w{args.width}" if args.width else ""
+    tag = record_tag(args.model, args.width)
     record = {
         "command": "lad bench cache " + " ".join(argv or []),
         "model": args.model,
