@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "app.bench.cache",
         "measure the encoder cache: perm_avg, rerank and a Zipf stream with it off and on",
     ),
+    "bench curves": (
+        "app.bench.curves",
+        "draw latency and peak memory of vanilla / agd / perm_avg against N, tokens and batch",
+    ),
     "bench online": (
         "app.bench.online",
         "time the evidence cache and feedback per store backend (online calibration)",

@@ -8,7 +8,8 @@
 #                                                          (a rehearsal of the script itself)
 #
 # Steps, each under its own time limit so a slow one cannot starve the rest (at most 9.5 min
-# in all, the limits below sum to 570 s; each step rewrites its JSON after every cell, so
+# in all, the limits below sum to 580 s: service 90 s, each shape step 80 s, curves 60 s;
+# each step but curves rewrites its JSON after every cell, so
 # one cut short keeps what it measured). Every record names the device. The first H200
 # run (bench/results/gpu/h200_run1.json) used limits a third of these and every step ran
 # out of time:
@@ -26,7 +27,10 @@
 #      tokens, N = 4, with the peak GPU memory of each (`lad bench engine --batch`);
 #   7. issue 31: the encoder cache off vs on on the 3B shape in bf16 at ~1.7k tokens (N = 4)
 #      and N = 12: perm_avg's N orderings against the limit (V + N·L) / (N·(V + L)), a
-#      64-document rerank, a Zipf stream's throughput, memory at the bound (`lad bench cache`).
+#      64-document rerank, a Zipf stream's throughput, memory at the bound (`lad bench cache`);
+#   8. issue 31: the cost curves, the same command as docs/benchmarks.md's CPU record
+#      (`lad bench curves`: vanilla / agd / perm_avg against N = 2..64, tokens per image and
+#      batch size, tiny Qwen2.5-VL; peak memory the CUDA allocator's), record and PNG.
 # Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
 # with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
 # GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
@@ -79,6 +83,7 @@ if [ "${GPU_BENCH_DEVICE:-cuda}" = cpu ]; then
   SHAPE_ARGS="--width 224 --tokens 300 --n 2 --reps 1"; ATTN_MODELS=demo,tiny-qwen2_5_vl
   BATCH_ARGS="--width 128 --tokens 300 --n 2 --reps 1 --batch 1,4"
   CACHE_ARGS="--width 128 --side 112 --n 4 --reps 1 --rerank-docs 16 --stream 8 --bound-entries 8"
+  CURVE_ARGS="--n 2,16 --sides 56 --batch 1,2 --reps 1"
 else
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "no CUDA device here: the GPU benchmarks are skipped (env.json says \"cuda\": false)"
@@ -89,6 +94,7 @@ else
   BATCH_ARGS="--tokens 1500 --n 4 --reps 3 --batch 1,4,16"
   CACHE_ARGS="--side 532 --n 4,12 --reps 3 --stream 48 --bound-entries 64 --threads 4"
   ATTN_MODELS=demo,tiny-qwen2_5_vl,shape:qwen2_5_vl-3b
+  CURVE_ARGS="--reps 2 --threads 1"  # the CPU record's command (bench/results/curves_*.json)
 fi
 
 step() {  # step <seconds> <name> <command...>: run with a limit, log its status
@@ -103,13 +109,13 @@ step 75 attention "$PY" -m app.cli bench attention --models "$ATTN_MODELS" --dev
 step 45 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
   --dtype "$([ $DEV = cuda ] && echo bfloat16 || echo float32)" --tokens "$TOKENS" --n 12 \
   --reps "$REPS" --out "$OUT/engine_tiny_bf16.json"
-LAD_DEVICE=$DEV step 100 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
+LAD_DEVICE=$DEV step 90 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
   --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
   --out "$OUT/service_demo.json"
 BF16="$([ $DEV = cuda ] && echo bfloat16 || echo float32)"
 for size in 3b 7b; do  # word splitting of SHAPE_ARGS is meant
   # shellcheck disable=SC2086
-  step 100 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
+  step 80 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
     --device "$DEV" --dtype "$BF16" $SHAPE_ARGS --out "$OUT/engine_shape_qwen2_5_vl-$size.json"
 done
 # shellcheck disable=SC2086
@@ -118,4 +124,7 @@ step 60 throughput "$PY" -m app.cli bench engine --model shape:qwen2_5_vl-3b --d
 # shellcheck disable=SC2086
 step 90 cache "$PY" -m app.cli bench cache --model shape:qwen2_5_vl-3b --device "$DEV" \
   --dtype "$BF16" $CACHE_ARGS --out "$OUT/cache_shape_qwen2_5_vl-3b.json"
+# shellcheck disable=SC2086
+step 60 curves "$PY" -m app.cli bench curves --device "$DEV" $CURVE_ARGS \
+  --out "$OUT/curves_tiny_qwen2_5_vl.json" --plot "$OUT/cost_tiny_qwen2_5_vl.png"
 ls -la "$OUT"

@@ -11,7 +11,9 @@ rotates, paired ratios are per round):
 * ``perm_avg``: the N cyclic orderings as N forwards of one request each (what a busy
   batcher runs), off and on; the limit with the cache is (V + N·L) / (N·(V + L));
 * ``rerank``: a windowed tournament over ``--rerank-docs`` documents (window
-  ``--window``, top 2 advancing; the windows of a round in batches of ``--max-batch``);
+  ``--window``, top 2 advancing; the windows of a round in batches of ``--max-batch``),
+  with its limit 1 − h·V/(V + L): h the share of its image units that hit (only the
+  rounds after the first can), V/(V + L) the vision share at the widest N of the round;
 * ``zipf``: a replayed stream of ``--stream`` requests of N = 4 candidates drawn from a
   catalogue of ``--catalogue`` images with Zipf popularity (exponent ``--zipf``),
   throughput off vs on (a fresh cache per replay);
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from app.bench.engine_setup import DEVICE, QUERY, build, sync
+from app.bench.engine_setup import DEVICE, QUERY, build, model_options, record_tag, sync
 from app.bench.results import device_name, write_record
 from app.cli_help import command_parser
 
@@ -159,11 +161,16 @@ def measure(args: Any, runner: Any) -> dict[str, Any]:
             bench.use(False)
             row[f"vision_n{n}"] = bench.vision_ms(images)
         docs = _images(args.rerank_docs, args.side, seed + 7)
+        hit_share = 0.0
         order = [False, True] if rnd % 2 == 0 else [True, False]
         for on in order:
             bench.use(on)
             name = f"rerank_{'on' if on else 'off'}"
+            before = (bench.on.stats.hits, bench.on.stats.misses)
             row[name] = bench.timed(lambda d=docs: bench.rerank(d, args.window, args.max_batch))
+            if on:  # the share of the tournament's image units that hit
+                hits, misses = bench.on.stats.hits - before[0], bench.on.stats.misses - before[1]
+                hit_share = hits / max(hits + misses, 1)
         if rnd == 0:
             continue
         for key, value in row.items():
@@ -185,6 +192,10 @@ def measure(args: Any, runner: Any) -> dict[str, Any]:
                 row[f"vanilla_on_cold_n{n}"] / row[f"vanilla_off_n{n}"]
             )
         ratios.setdefault("rerank_on_over_off", []).append(row["rerank_on"] / row["rerank_off"])
+        widest = max(ns)  # the windows' N: its vision share V / (V + L) from this round
+        share = row[f"vision_n{widest}"] / row[f"vanilla_off_n{widest}"]
+        ratios.setdefault("rerank_hit_share", []).append(hit_share)
+        ratios.setdefault("rerank_limit", []).append(1 - hit_share * share)
         print(f"round {rnd}: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items()), flush=True)
     stream = measure_stream(args, bench)
     bound = measure_bound(args, bench)
@@ -269,10 +280,11 @@ def render(record: dict[str, Any]) -> str:
             f"{_median(t[f'perm_avg_on_n{n}']):.0f} | {_median(ratio):.3f} ({_range(ratio)}) | "
             f"{_median(limit):.3f} ({_range(limit)}) | | |"
         )
-    rr = r["rerank_on_over_off"]
+    rr, rl = r["rerank_on_over_off"], r.get("rerank_limit")
+    limit = f"{_median(rl):.3f} ({_range(rl)})" if rl else "–"
     lines.append(
         f"| rerank {record['rerank_docs']} docs | {_median(t['rerank_off']):.0f} | "
-        f"{_median(t['rerank_on']):.0f} | {_median(rr):.3f} ({_range(rr)}) | – | | |"
+        f"{_median(t['rerank_on']):.0f} | {_median(rr):.3f} ({_range(rr)}) | {limit} | | |"
     )
     s = record["stream"]
     rates = s["requests_per_s"]
@@ -294,8 +306,6 @@ def render(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(prog="lad bench cache", description=__doc__)
-    parser.add_argument("--model", default="tiny", help="tiny-<family> or shape:<name>")
-    parser.add_argument("--width", type=int, help="shape: models: the text hidden size")
     parser.add_argument("--n", default="4,12", help="numbers of images")
     parser.add_argument("--side", type=int, default=112, help="image side (pixels)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds")
@@ -308,18 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent")
     parser.add_argument("--stream-reps", type=int, default=2, help="replays off and on")
     parser.add_argument("--bound-entries", type=int, default=32, help="cache bound in images")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--device", default="cpu", help='"cpu" or "cuda"')
-    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--out", help="record path (default bench/results/cache_<model>.json)")
+    model_options(parser)
     args = parser.parse_args(argv)
     DEVICE.update(device=args.device, dtype=args.dtype, width=args.width)
     load_start = os.getloadavg()[0]
     runner = build(args.model, args.side, args.threads)
     result = measure(args, runner)
-    tag = args.model.replace("shape:", "shape_").replace("tiny-", "tiny_")
-    tag = "tiny_qwen2_5_vl" if tag == "tiny" else tag
-    tag += f"_w{args.width}" if args.width else ""
+    tag = record_tag(args.model, args.width)
     record = {
         "command": "lad bench cache " + " ".join(argv or []),
         "model": args.model,

@@ -12,6 +12,22 @@ DEVICE: dict[str, Any] = {"device": "cpu", "dtype": "float32", "width": None}
 SHAPE_PREFIX = "shape:"
 
 
+def model_options(parser: Any, threads: int = 2) -> None:
+    """The options that say which runner a bench builds, where and in which dtype."""
+    parser.add_argument("--model", default="tiny", help="tiny-<family> or shape:<name>")
+    parser.add_argument("--width", type=int, help="shape: models: the text hidden size")
+    parser.add_argument("--threads", type=int, default=threads, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help='"cpu" or "cuda"')
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+
+
+def record_tag(model: str, width: int | None) -> str:
+    """The record's file-name tag: tiny_qwen2_5_vl, shape_qwen2_5_vl-3b_w256, ..."""
+    tag = model.replace("shape:", "shape_").replace("tiny-", "tiny_")
+    tag = "tiny_qwen2_5_vl" if tag == "tiny" else tag
+    return tag + (f"_w{width}" if width else "")
+
+
 def set_side(runner, side: int) -> bool:
     """Pin a Qwen-style image processor to side x side pixels per image; False (nothing
     changed) for processors with a fixed tile size (InternVL, LLaVA-OneVision), whose

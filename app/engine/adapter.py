@@ -24,11 +24,14 @@ class PromptBatch:
 
     ``inputs`` holds every tensor the processor produced (input_ids, attention_mask, pixel
     values, grids ...). ``n_images`` is N_i per row. ``extra`` is free for the adapter.
+    ``images``: the decoded images, flat in the processor's order (set by the runner; the
+    encoder cache keys by their content).
     """
 
     inputs: dict[str, torch.Tensor]
     n_images: list[int]
     extra: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -48,7 +51,9 @@ class PromptBatch:
                 moved[key] = value.to(device=device, dtype=dtype)
             else:
                 moved[key] = value.to(device)
-        return PromptBatch(inputs=moved, n_images=list(self.n_images), extra=dict(self.extra))
+        return PromptBatch(
+            inputs=moved, n_images=list(self.n_images), extra=dict(self.extra), images=self.images
+        )
 
 
 class FamilyAdapter(Protocol):

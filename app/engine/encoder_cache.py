@@ -9,11 +9,19 @@ tournament's rounds and candidates that recur across requests can reuse the numb
 
 During the runner's prompt forward, :meth:`EncoderCache.serving` puts a caching wrapper in
 front of the model's ``get_image_features``: the call is split per unit by the adapter's
-split, each unit is keyed by a hash of its own pixel slice (bytes, dtype, shape, grid or
-size rows, the call's other arguments) and the model fingerprint, hits come from an LRU
-bounded in bytes (``LAD_ENCODER_CACHE_MB``; 0 turns it off), the misses are encoded in
-ONE call on their subset, and the output is put back together in the call's order. The
-preprocessed pixels already reflect every preprocessing setting, so none is keyed apart.
+split, each unit is keyed, hits come from an LRU bounded in bytes
+(``LAD_ENCODER_CACHE_MB``; 0 turns it off), the misses are encoded in ONE call on their
+subset, and the output is put back together in the call's order.
+
+A unit's key holds the model fingerprint, the split, the call's other arguments and the
+unit's small tensors (grid or size rows), and either
+* its image's content id (``app.engine.image_identity``: a digest of the decoded image's
+  bytes, once per image object) with the preprocessing fingerprint and its pixel slice's
+  shape and dtype, where the split's units are the call's images in order and the call
+  holds the batch's images (each, or each distinct object once: the adapter's own sharing
+  of repeated images); a miss then costs no pass over the float32 pixels; or
+* a hash of its own pixel slice's bytes (tiles, images that are not PIL images, calls
+  that cover other images): the preprocessed pixels reflect every preprocessing setting.
 
 Bypassed (the call runs as it is): families whose adapter names no split, models whose
 forward reads anything of the image features but ``pooler_output`` and
@@ -44,6 +52,7 @@ from app.engine.encoder_split import (
     Layout,
     Part,
 )
+from app.engine.image_identity import content_ids, distinct_objects
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,18 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0
     bypassed: int = 0  # get_image_features calls that ran uncached (no split for them)
+    by_pixels: int = 0  # units keyed by their pixels' bytes (no image identity for them)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one ``serving`` block's wrapper knows about the calls it sees."""
+
+    split: EncoderSplit
+    n_images: int
+    images: tuple[Any, ...]
+    preprocessing: str
+    owner: int  # id of the model's encoder owner
 
 
 @dataclass(frozen=True)
@@ -179,8 +200,8 @@ class EncoderCache:
             self.bytes += size
 
     def key(self, part: Part, shared: dict[str, Any], split: str) -> bytes:
-        """The unit's key: its own tensors' bytes, the call's other arguments, the split
-        and the model fingerprint."""
+        """The unit's key by its pixels: its own tensors' bytes, the call's other
+        arguments, the split and the model fingerprint."""
         digest = hashlib.sha256()  # SHA extensions: ~2.5x blake2b here
         digest.update(f"{self.fingerprint}|{split}|{sorted(shared.items())!r}".encode())
         for name in sorted(part):
@@ -188,23 +209,85 @@ class EncoderCache:
             _update(digest, part[name])
         return digest.digest()
 
+    def image_key(
+        self,
+        identity: bytes,
+        part: Part,
+        shared: dict[str, Any],
+        split: str,
+        pixels: str,
+        preprocessing: str,
+        piece: int = 0,
+    ) -> bytes:
+        """The unit's key by its image: the image's content id, the unit's index within
+        it, the preprocessing fingerprint, the pixel slice's dtype and shape (not its
+        bytes), the unit's other tensors' bytes, the call's other arguments, the split and
+        the model fingerprint."""
+        digest = hashlib.sha256()
+        head = f"{self.fingerprint}|{split}|{sorted(shared.items())!r}|{preprocessing}|{piece}|"
+        digest.update(head.encode())
+        digest.update(identity)
+        for name in sorted(part):
+            tensor = part[name]
+            digest.update(name.encode())
+            if name == pixels:
+                digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            else:
+                _update(digest, tensor)
+        return digest.digest()
+
+    def _keys(
+        self,
+        parts: list[Part],
+        shared: dict[str, Any],
+        split: EncoderSplit,
+        images: Sequence[Any],
+        preprocessing: str,
+    ) -> list[bytes]:
+        """Each unit's key: by its image where the units are the batch's images (all, or
+        each distinct object once), else by its pixels."""
+        pixels = split.image_pixels
+        ids = None
+        if pixels is not None and images:
+            if len(parts) == len(images):
+                ids = content_ids(images)
+            elif len(parts) == len(distinct := distinct_objects(images)):
+                ids = content_ids(distinct)
+        if ids is None:
+            self.stats.by_pixels += len(parts)
+            return [self.key(p, shared, split.name) for p in parts]
+        return [
+            self.image_key(i, p, shared, split.name, pixels, preprocessing)
+            for i, p in zip(ids, parts, strict=True)
+        ]
+
     # ---- the wrapper -------------------------------------------------------------------
     @contextmanager
     def serving(
-        self, model: torch.nn.Module, split: EncoderSplit | None, n_images: int
+        self,
+        model: torch.nn.Module,
+        split: EncoderSplit | None,
+        n_images: int,
+        images: Sequence[Any] = (),
+        preprocessing: str | Callable[[], str] = "",
     ) -> Iterator[None]:
         """Within the block, ``model``'s image features go through the cache (nothing
-        changes when the cache is off, ``split`` is None or the model cannot use it)."""
+        changes when the cache is off, ``split`` is None or the model cannot use it).
+
+        ``images``: the batch's decoded images in the processor's order (their content ids
+        key the units; none given: every unit is keyed by its pixels); ``preprocessing``:
+        the processor's settings fingerprint (or what computes it, called once here)."""
         owner = encoder_owner(model) if self.enabled and split is not None else None
         if owner is None or split is None or not reads_only_cached_fields(owner):
             yield
             return
         original = getattr(owner, _METHOD)
         signature = inspect.signature(original)
+        setting = preprocessing() if callable(preprocessing) else preprocessing
+        context = _Call(split, n_images, tuple(images), setting, id(owner))
 
         def cached(*args: Any, **kwargs: Any) -> Any:
-            arguments = _named(signature, args, kwargs)
-            return self._call(original, arguments, split, n_images, id(owner))
+            return self._call(original, _named(signature, args, kwargs), context)
 
         setattr(owner, _METHOD, cached)
         try:
@@ -212,21 +295,15 @@ class EncoderCache:
         finally:
             delattr(owner, _METHOD)  # the class's own method again
 
-    def _call(
-        self,
-        original: Callable[..., Any],
-        arguments: dict[str, Any],
-        split: EncoderSplit,
-        n_images: int,
-        owner: int,
-    ) -> Any:
-        parts = None if owner in self._refused else split.split(arguments, n_images)
+    def _call(self, original: Callable[..., Any], arguments: dict[str, Any], at: _Call) -> Any:
+        split, owner = at.split, at.owner
+        parts = None if owner in self._refused else split.split(arguments, at.n_images)
         shared = {k: v for k, v in arguments.items() if parts and k not in parts[0]}
         keyed = {k: v for k, v in shared.items() if k not in _UNKEYED}
         if not parts or any(isinstance(v, torch.Tensor) for v in keyed.values()):
             self.stats.bypassed += 1
             return original(**arguments)
-        keys = [self.key(p, keyed, split.name) for p in parts]
+        keys = self._keys(parts, keyed, split, at.images, at.preprocessing)
         found: dict[bytes, Features] = {}
         for key in keys:
             hit = found.get(key) if key in found else self.get(key)
@@ -237,8 +314,12 @@ class EncoderCache:
         self.stats.misses += len(todo)
         layout = self._layouts.get(owner)
         if todo:
+            every = split.whole and len(todo) == len(keys)  # all distinct misses: the call
             first = {k: keys.index(k) for k in todo}
-            output = original(**shared, **split.join([parts[first[k]] for k in todo]))
+            subset = (
+                arguments if every else {**shared, **split.join([parts[first[k]] for k in todo])}
+            )
+            output = original(**subset)
             cut = split.unit_output(output, len(todo))
             if cut is None:  # not a per-unit output: this model runs uncached from now on
                 log.warning("encoder cache: %s output is not per unit; bypassing", split.name)
@@ -249,6 +330,8 @@ class EncoderCache:
             for key, unit in zip(todo, features, strict=True):
                 found[key] = unit
                 self.put(key, unit)
+            if every:  # nothing to put back together
+                return output
         if layout is None:  # hits without a layout: only after clear() raced a call
             return original(**arguments)
         return split.assemble([found[k] for k in keys], layout, arguments)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -34,6 +34,16 @@ class EncoderSplit(Protocol):
     """A family's answer to "which slices of this call belong to which unit"."""
 
     name: str
+    whole: ClassVar[bool]
+    """Whether ``join`` of all a call's units, in order, is the call's own tensor arguments
+    (so a call that misses every unit runs as it is)."""
+
+    @property
+    def image_pixels(self) -> str | None:
+        """The pixel argument whose units are the call's images, one each, in order (the
+        cache then keys a unit by its image's content id, not its pixels); None when a unit
+        is a piece of an image whose place in it the split does not know (tiles)."""
+        ...
 
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         """Per-unit slices of ``arguments`` (the call's named arguments), in call order;
@@ -80,8 +90,13 @@ class GridRows(_PerUnitOutput):
     owns t·h·w rows. The tower attends within each image only (its ``cu_seqlens``)."""
 
     name: str = "grid_rows"
+    whole: ClassVar[bool] = True
     pixels: str = "pixel_values"
     grid: str = "image_grid_thw"
+
+    @property
+    def image_pixels(self) -> str | None:
+        return self.pixels
 
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels, grid = arguments.get(self.pixels), arguments.get(self.grid)
@@ -110,8 +125,13 @@ class FirstDim(_PerUnitOutput):
     tile encoded on its own (InternVL), whatever the count."""
 
     name: str = "first_dim"
+    whole: ClassVar[bool] = True
     keys: tuple[str, ...] = ("pixel_values", "image_sizes")
     per_image: bool = True
+
+    @property
+    def image_pixels(self) -> str | None:
+        return self.keys[0] if self.per_image else None
 
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels = arguments.get(self.keys[0])
@@ -139,8 +159,13 @@ class Tiles:
     output holds one tensor per prompt row, its real tiles' features concatenated."""
 
     name: str = "tiles"
+    whole: ClassVar[bool] = False  # the call holds padding tiles and one row per prompt
     pixels: str = "pixel_values"
     mask: str = "pixel_attention_mask"
+
+    @property
+    def image_pixels(self) -> str | None:
+        return None  # a unit is a tile; which image and which tile is not known here
 
     def split(self, arguments: dict[str, Any], n_images: int) -> list[Part] | None:
         pixels, mask = arguments.get(self.pixels), arguments.get(self.mask)

@@ -363,7 +363,7 @@ def fold_batch(
         inputs[key] = folded
     lengths = torch.tensor([len(c) for c in chains], dtype=torch.long, device=ids.device)
     query_index = width + depth - 1 - lengths
-    return PromptBatch(inputs, list(batch.n_images), dict(batch.extra)), query_index
+    return PromptBatch(inputs, list(batch.n_images), dict(batch.extra), batch.images), query_index
 
 
 def folded_scoring(

@@ -22,6 +22,7 @@ different images; rows are left-padded.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from app.engine.attention import (
 )
 from app.engine.encoder_cache import EncoderCache
 from app.engine.identity import config_hash, weights_hash
+from app.engine.image_identity import preprocessing_fingerprint
 from app.engine.interface import ForwardResult, PromptTooLongError, RetrievalItem
 from app.engine.kv_cache import cache_argument, cache_entry
 from app.engine.label_scoring import (
@@ -259,6 +261,7 @@ class Runner:
         """Processor output for the batch, on the model's device (pixels in its dtype)."""
         prompts = self.prompts(items, labels, strings)
         batch = self.adapter.process(prompts, [list(i.images) for i in items])
+        batch.images = tuple(image for item in items for image in item.images)
         return batch.to(self.device, self.dtype)
 
     def forward(
@@ -362,7 +365,13 @@ class Runner:
     ) -> tuple[Any, list[np.ndarray]]:
         """``_captured_forward`` with the image features through the encoder cache."""
         split = self.adapter.encoder_split()
-        with self.encoder_cache.serving(self.model, split, sum(batch.n_images)):
+        with self.encoder_cache.serving(
+            self.model,
+            split,
+            sum(batch.n_images),
+            batch.images,
+            functools.partial(preprocessing_fingerprint, self.processor),
+        ):
             return self._captured_forward(batch, query_index, *args, **kwargs)
 
     def _captured_forward(

@@ -215,6 +215,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str | None]:
         "service": lambda: _map(_load(results / "service_demo.json"), service_block),
         "gpu": lambda: gpu_block(results / "gpu"),
         "cache": lambda: _cache(results),
+        "curves": lambda: _curves(results),
     }
     return {name: render() for name, render in renderers.items()}
 
@@ -231,6 +232,20 @@ def _scale(results: Path) -> str | None:
 def _overhead(results: Path) -> str | None:
     records = [r for p in sorted(results.glob("overhead_*.json")) if (r := _load(p))]
     return overhead_block(records) if records else None
+
+
+def _curves(results: Path) -> str | None:
+    """``lad bench curves``' records: each one's table and its figure (docs/images/)."""
+    from app.bench.curves import render as render_curves
+
+    records = [(p, r) for p in sorted(results.glob("curves_*.json")) if (r := _load(p))]
+    parts = [
+        f"**{r['model']}**. {_where(r)}\n\n"
+        f"![cost curves of {r['model']}](images/cost_{p.stem.removeprefix('curves_')}.png)"
+        f"\n\n{render_curves(r)}"
+        for p, r in records
+    ]
+    return "\n\n".join(parts) if parts else None
 
 
 def _cache(results: Path) -> str | None:

@@ -39,6 +39,8 @@ CACHED_FAMILIES = (
 """Every registered family that names a split, and the generic adapter's simplest family."""
 WITHIN = {"mistral3": 1e-6}
 """Families compared within a tolerance (absolute, on log-probabilities and attention)."""
+BY_PIXELS = {"internvl", "idefics3", "smolvlm"}
+"""Families whose units are tiles: keyed by their pixels (the others by image content)."""
 
 
 @contextmanager
@@ -76,6 +78,7 @@ def test_cache_on_equals_cache_off_cold_warm_and_mixed(shared_runner, family: st
         cold = runner.forward(batch)
         units = cache.stats.misses
         assert units >= 5 and cache.stats.hits == 0 and len(cache) == units
+        assert (cache.stats.by_pixels > 0) == (family in BY_PIXELS)
         warm = runner.forward(batch)
         assert cache.stats.misses == units and cache.stats.hits == units  # no tower run
         hot = runner.forward(mixed)
@@ -135,3 +138,34 @@ def test_a_stream_of_unique_images_never_grows_the_cache_past_its_bound(shared_r
             assert cache.bytes <= cache.capacity_bytes and len(cache) <= 5
         assert cache.stats.misses == 36 and cache.stats.hits == 0
         assert cache.stats.evictions == 36 - len(cache) == 31
+
+
+def test_two_images_never_share_a_key_and_another_preprocessing_misses(shared_runner) -> None:
+    """Keys by image content: a copy of an image (another object, the same bytes) hits, an
+    image one pixel away misses; the same images under another image-processor setting
+    miss, and answer as the cache-off run at that setting does."""
+    runner = shared_runner("qwen2_5_vl")
+    images = random_images(2, seed=21)
+    twin = images[0].copy()
+    nudged = images[0].copy()
+    nudged.putpixel((0, 0), tuple((v + 1) % 256 for v in nudged.getpixel((0, 0))))
+    items = [RetrievalItem("a cat", images)]
+    processor = runner.processor.image_processor
+    kept = processor.image_mean
+    with cache_on(runner) as cache:
+        runner.forward(items)
+        assert (cache.stats.misses, cache.stats.by_pixels) == (2, 0)  # keyed by content
+        runner.forward([RetrievalItem("a cat", [twin, nudged])])
+        assert (cache.stats.hits, cache.stats.misses) == (1, 3)  # the twin hits, nudged not
+        try:
+            processor.image_mean = [0.25, 0.5, 0.75]
+            on = runner.forward(items)
+            assert (cache.stats.hits, cache.stats.misses) == (1, 5)  # new setting: misses
+            assert runner.forward(items).scores[0].tolist() == on.scores[0].tolist()
+            assert cache.stats.hits == 3
+            runner.encoder_cache = EncoderCache(0, cache.fingerprint)
+            off = runner.forward(items)
+        finally:
+            processor.image_mean = kept
+    assert_same(off, on)
+    assert not np.array_equal(off.scores[0], runner.forward(items).scores[0])

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from PIL import Image
 from pydantic import ValidationError
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from app.engine.encoder_cache import MB, EncoderCache
 from app.engine.encoder_split import FirstDim, GridRows, Layout, Tiles, assembled, unit_features
+from app.engine.image_identity import content_id, preprocessing_fingerprint
 from app.observability.metrics import Metrics
 from app.settings import Settings
 
@@ -140,3 +142,47 @@ def test_the_metrics_read_the_cache_at_scrape_time() -> None:
     assert "lad_encoder_cache_bytes 1024.0" in text
     assert "lad_encoder_cache_capacity_bytes 1.048576e+06" in text
     assert "lad_encoder_cache_entries 1.0" in text
+
+
+def test_an_images_content_id_reads_its_bytes_size_and_mode_once_per_object() -> None:
+    raw = bytes(range(36))
+    image = Image.frombytes("RGB", (4, 3), raw)
+    assert content_id(image) == content_id(Image.frombytes("RGB", (4, 3), raw))  # a twin
+    others = [
+        Image.frombytes("RGB", (3, 4), raw),  # same bytes, another size
+        Image.frombytes("RGB", (4, 3), raw[:-1] + b"\xff"),  # one byte away
+        Image.frombytes("L", (6, 6), raw),  # same bytes, another mode
+    ]
+    ids = {content_id(image), *(content_id(other) for other in others)}
+    assert len(ids) == 4
+    assert content_id(image) is content_id(image)  # kept on the object: computed once
+    assert content_id(torch.zeros(3, 4, 3)) is None  # not an image: keyed by its pixels
+
+
+def test_an_image_key_holds_the_image_the_preprocessing_and_the_units_own_rows() -> None:
+    cache = EncoderCache(1, "model-a")
+    a, b = b"a" * 32, b"b" * 32
+    part = {"pixel_values": torch.zeros(16, 6), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+
+    def key(identity=a, unit=part, setting="p1", piece=0, fingerprint="model-a") -> bytes:
+        owner = cache if fingerprint == "model-a" else EncoderCache(1, fingerprint)
+        return owner.image_key(identity, unit, {}, "grid_rows", "pixel_values", setting, piece)
+
+    same_pixels_other_values = {**part, "pixel_values": torch.ones(16, 6)}
+    assert key() == key(unit=same_pixels_other_values)  # the pixels' bytes are not read
+    moved = {**part, "image_grid_thw": torch.tensor([[1, 2, 8]])}
+    variants = [key(b), key(setting="p2"), key(piece=1), key(fingerprint="b"), key(unit=moved)]
+    assert len({key(), *variants}) == 6
+
+
+def test_the_preprocessing_fingerprint_follows_the_image_processors_settings() -> None:
+    from transformers import Qwen2VLImageProcessor
+
+    processor = Qwen2VLImageProcessor()
+    before = preprocessing_fingerprint(processor)
+    assert before == preprocessing_fingerprint(Qwen2VLImageProcessor())
+    processor._derived_table = list(range(10))  # private: derived state, not a setting
+    assert preprocessing_fingerprint(processor) == before
+    processor.image_mean = [0.1, 0.2, 0.3]
+    assert preprocessing_fingerprint(processor) != before
+    assert preprocessing_fingerprint(object()) == ""
