@@ -52,7 +52,7 @@ from app.testing._tiny_generic_defaults import (
     shrink_conv_towers,
     with_rope_sections,
 )
-from app.testing._tiny_generic_fields import add_read_delimiters
+from app.testing._tiny_generic_fields import add_read_delimiters, config_tree
 from app.testing._tiny_generic_layout import (
     derived_head_dim,
     layer_ids_inside,
@@ -142,11 +142,11 @@ def build(
     for key, sub_cls in (getattr(config, "sub_configs", None) or {}).items():
         if "vision" in key and getattr(config, key, False) is None:  # a checkpoint has one
             setattr(config, key, sub_cls())
-    fill_unset(_configs(config), config.get_text_config())
+    fill_unset(config_tree(config), config.get_text_config())
     shrink(config)
     add_read_delimiters(config, _model_class(model_type))
-    shrink_channel_lists(_configs(config), HEADS * text_head_dim(config))
-    shrink_conv_towers(_configs(config))
+    shrink_channel_lists(config_tree(config), HEADS * text_head_dim(config))
+    shrink_conv_towers(config_tree(config))
     fixed = small_images and _images.fixed_size(
         _image_processor(model_type, _processor_class(model_type))
     )
@@ -159,8 +159,8 @@ def build(
     _set_token_ids(config, processor)
     _image_token_from_expansion(config, processor)
     patch_queries_for_tower(config, processor)
-    vocabulary = lay_out_code_ranges(_configs(config), len(tokenizer))
-    for sub in _configs(config):
+    vocabulary = lay_out_code_ranges(config_tree(config), len(tokenizer))
+    for sub in config_tree(config):
         if hasattr(sub, "vocab_size") and isinstance(sub.vocab_size, int):
             sub.vocab_size = vocabulary
         for key, value in list(vars(sub).items()):  # per-layer input vocabularies and the like
@@ -239,15 +239,6 @@ def _model_class(model_type: str) -> type:
     return cls
 
 
-def _configs(config: PretrainedConfig) -> list[PretrainedConfig]:
-    """``config`` and every sub-config under it, depth first."""
-    found = [config]
-    for value in vars(config).values():
-        if isinstance(value, PretrainedConfig):
-            found.extend(_configs(value))
-    return found
-
-
 def text_head_dim(config: PretrainedConfig) -> int:
     """The text model's head dimension, as the default config lays it out."""
     text = config.get_text_config()
@@ -269,8 +260,8 @@ def shrink(config: PretrainedConfig) -> None:
     new depth, a hybrid decoder keeping at least one full-attention layer)."""
     width = HEADS * text_head_dim(config)
     text = getattr(config, "text_config", None)
-    merged = merged_widths(_configs(config), text)
-    for sub in _configs(config):
+    merged = merged_widths(config_tree(config), text)
+    for sub in config_tree(config):
         is_text = sub is text or (text is None and sub is config)
         depth = TEXT_LAYERS if is_text else VISION_LAYERS
         old_depth = None
@@ -501,7 +492,7 @@ def _settings(processor_cls: type, config: PretrainedConfig) -> dict[str, Any]:
     for param in inspect.signature(processor_cls.__init__).parameters.values():
         if param.name in skip or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             continue
-        for sub in _configs(config):
+        for sub in config_tree(config):
             value = getattr(sub, param.name, None)
             if value is not None and not isinstance(value, PretrainedConfig):
                 settings[param.name] = value
@@ -512,7 +503,7 @@ def _settings(processor_cls: type, config: PretrainedConfig) -> dict[str, Any]:
 def _image_seq_length(config: PretrainedConfig) -> int | None:
     """Tokens per image of a fixed-length expansion, as the config counts them
     (``num_image_tokens``, ``mm_tokens_per_image``) or as the vision tower's patch grid."""
-    for sub in _configs(config):
+    for sub in config_tree(config):
         for key in ("num_image_tokens", "mm_tokens_per_image"):
             if isinstance(getattr(sub, key, None), int):
                 return int(getattr(sub, key))
@@ -661,7 +652,7 @@ def _config_token_stems(config: PretrainedConfig) -> list[str]:
     """``vision_start_token`` for a config field ``vision_start_token_id`` ... (bos, eos and
     pad left out: the tokenizer has its own)."""
     stems = []
-    for sub in _configs(config):
+    for sub in config_tree(config):
         for key in vars(sub):
             if _TOKEN_ID.search(key) and not key.startswith(("bos_", "eos_", "pad_")):
                 stems.append(re.sub(r"_(id|index)$", "", key))
@@ -726,7 +717,7 @@ def _delimiters(processor: Any, config: PretrainedConfig) -> tuple[str, str]:
     vocab = processor.tokenizer.get_vocab()
     expanded = set(_probe_ids(processor, placeholder))
     found = {"start": "", "end": ""}
-    for sub in _configs(config):
+    for sub in config_tree(config):
         for key in vars(sub):
             match = _CONFIG_DELIMITER.match(key)
             if match is None or match.group(1) == "video":
@@ -787,7 +778,7 @@ def _set_token_ids(config: PretrainedConfig, processor: Any) -> None:
     tokenizer = processor.tokenizer
     size = len(tokenizer)
     pad = tokenizer.pad_token_id
-    for sub in _configs(config):
+    for sub in config_tree(config):
         for key, value in list(vars(sub).items()):
             if not _TOKEN_ID.search(key) or isinstance(value, bool):
                 continue

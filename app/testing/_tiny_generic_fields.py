@@ -15,6 +15,8 @@ import re
 import sys
 from typing import Any
 
+from transformers import PretrainedConfig
+
 _READ_DELIMITER = re.compile(r"config\.((?:image|vision)_(start|end)_token_id)\b")
 
 
@@ -37,3 +39,12 @@ def add_read_delimiters(config: Any, model_cls: type) -> None:
     for name in delimiters_the_code_reads(model_cls):
         if not any(name in vars(owner) for owner in (config, text) if owner is not None):
             setattr(config, name, None)
+
+
+def config_tree(config: PretrainedConfig) -> list[PretrainedConfig]:
+    """``config`` and every sub-config under it, depth first (what the shrink walks)."""
+    found = [config]
+    for value in vars(config).values():
+        if isinstance(value, PretrainedConfig):
+            found.extend(config_tree(value))
+    return found

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from app.testing._tiny_generic_fields import config_tree
+
 GRID = 8
 """Least side of a shrunk tower's patch grid (in patches)."""
 CHANNELS, CODEBOOK = 32, 64
@@ -40,14 +42,6 @@ _TOKEN_COUNTS = ("image_seq_length", "num_image_tokens", "mm_tokens_per_image")
 _PATCH_COUNTS = ("num_position_embeddings", "num_positions", "num_patches")
 _BUDGETS = re.compile(r"^(max_\w*tokens|\w*resolution)$")
 _LEAST_BUDGET = {"tokens": 128, "resolution": 112}
-
-
-def _configs(config: PretrainedConfig) -> list[PretrainedConfig]:
-    found = [config]
-    for value in vars(config).values():
-        if isinstance(value, PretrainedConfig):
-            found.extend(_configs(value))
-    return found
 
 
 def _side(value: Any) -> int | None:
@@ -79,7 +73,7 @@ def smaller_images(config: PretrainedConfig) -> int:
     """Cut the fixed image size of ``config``'s tower (module docstring), in place; the
     factor it was cut by (1: unchanged)."""
     factor = 1
-    for sub in _configs(config):
+    for sub in config_tree(config):
         side, patch = (
             _side(getattr(sub, "image_size", None)),
             _side(getattr(sub, "patch_size", None)),
@@ -99,7 +93,7 @@ def smaller_images(config: PretrainedConfig) -> int:
                 setattr(sub, key, (grid // factor) ** 2 + count - grid**2)
     if factor == 1:
         return 1
-    for sub in _configs(config):
+    for sub in config_tree(config):
         pinpoints = getattr(sub, "image_grid_pinpoints", None)
         if isinstance(pinpoints, list) and all(
             isinstance(p, (list, tuple)) and all(isinstance(v, int) and v % factor == 0 for v in p)
@@ -118,7 +112,7 @@ def follow_pinpoints(image_processor: Any, config: PretrainedConfig) -> None:
     them agreeing)."""
     if getattr(image_processor, "image_grid_pinpoints", None) is None:
         return
-    for sub in _configs(config):
+    for sub in config_tree(config):
         pinpoints = getattr(sub, "image_grid_pinpoints", None)
         if isinstance(pinpoints, list) and pinpoints:
             image_processor.image_grid_pinpoints = [list(p) for p in pinpoints]
@@ -127,7 +121,7 @@ def follow_pinpoints(image_processor: Any, config: PretrainedConfig) -> None:
 
 def smaller_autoencoder(config: PretrainedConfig) -> None:
     """A generation autoencoder's channels and codebook made tiny (module docstring)."""
-    for sub in _configs(config):
+    for sub in config_tree(config):
         if not isinstance(getattr(sub, "base_channels", None), int):
             continue
         sub.base_channels = min(sub.base_channels, CHANNELS)
@@ -150,7 +144,7 @@ def fewer_linear_heads(config: PretrainedConfig, heads: int) -> None:
     """A linear-attention layer's key heads cut to ``heads`` and its value heads in the same
     ratio to them (``linear_num_key_heads`` 16 and ``linear_num_value_heads`` 32 become 2
     and 4): the reference recurrence of those layers runs head by head."""
-    for sub in _configs(config):
+    for sub in config_tree(config):
         keys, values = (
             getattr(sub, "linear_num_key_heads", None),
             getattr(sub, "linear_num_value_heads", None),
