@@ -11,7 +11,6 @@ from transformers import (
     LlavaConfig,
 )
 
-from app.testing._tiny_generic import _configs
 from app.testing._tiny_generic_defaults import (
     CODEBOOK,
     CONV_WIDTH,
@@ -20,10 +19,11 @@ from app.testing._tiny_generic_defaults import (
     shrink_channel_lists,
     shrink_conv_towers,
 )
+from app.testing._tiny_generic_fields import config_tree
 
 
 def _filled(config):
-    fill_unset(_configs(config), config.get_text_config())
+    fill_unset(config_tree(config), config.get_text_config())
     return config
 
 
@@ -51,18 +51,18 @@ def test_settings_a_default_already_has_are_left_alone() -> None:
 def test_code_ranges_follow_the_vocabulary_in_their_order() -> None:
     config = Apertus1p5Config()
     assert config.image_token_offset < config.audio_token_offset
-    vocabulary = lay_out_code_ranges(_configs(config), 300)
+    vocabulary = lay_out_code_ranges(config_tree(config), 300)
     assert (config.image_token_offset, config.audio_token_offset) == (300, 300 + CODEBOOK)
     assert vocabulary == 300 + 2 * CODEBOOK
     assert config.vision_config.codebook_size == config.audio_config.codebook_size == CODEBOOK
-    assert lay_out_code_ranges(_configs(LlavaConfig()), 300) == 300  # no code ranges
+    assert lay_out_code_ranges(config_tree(LlavaConfig()), 300) == 300  # no code ranges
 
 
 def test_convolutional_widths_are_shrunk() -> None:
     config = Apertus1p5Config()
-    shrink_conv_towers(_configs(config))
+    shrink_conv_towers(config_tree(config))
     vq = config.vision_config
     assert (vq.base_channels, vq.latent_channels, vq.num_res_blocks) == (CONV_WIDTH,) * 2 + (1,)
     sam = DeepseekOcr2Config()
-    shrink_channel_lists(_configs(sam), 64)
+    shrink_channel_lists(config_tree(sam), 64)
     assert sam.vision_config.sam_config.downsample_channels == [64, 64]
