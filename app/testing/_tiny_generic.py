@@ -89,7 +89,8 @@ _WIDTHS = re.compile(
 _INTERMEDIATE = re.compile(r"intermediate_size|ffn_dim|mlp_dim|ffn_hidden_size|n_inner")
 _DEPTHS = re.compile(r"^(num_hidden_layers|num_layers|depth|n_layer|n_layers|encoder_layers)$")
 _HEAD_COUNTS = re.compile(
-    r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads|encoder_attention_heads)$"
+    r"^(num_attention_heads|num_heads|n_head|n_heads|attention_heads|encoder_attention_heads"
+    r"|linear_num_heads|index_n_heads)$"
 )
 _KV_COUNTS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads)$")
 _EXPERT_COUNTS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts)$")
