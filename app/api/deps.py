@@ -7,7 +7,8 @@ its thread pool, two thread hand-offs per dependency on every request."""
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -38,36 +39,21 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-async def _retrieve(service: ServiceDep) -> Retrieve:
-    return service.handlers.retrieve
+def _handler(feature: str) -> Callable[[Service], Awaitable[Any]]:
+    """The dependency that hands a route its feature's handler (``service.handlers.<feature>``)."""
+
+    async def handler(service: ServiceDep) -> Any:
+        return getattr(service.handlers, feature)
+
+    return handler
 
 
-async def _rerank(service: ServiceDep) -> Rerank:
-    return service.handlers.rerank
-
-
-async def _calibrate(service: ServiceDep) -> Calibrate:
-    return service.handlers.calibrate
-
-
-async def _feedback(service: ServiceDep) -> Feedback:
-    return service.handlers.feedback
-
-
-async def _refresh(service: ServiceDep) -> Refresh:
-    return service.handlers.refresh
-
-
-async def _profiles(service: ServiceDep) -> Profiles:
-    return service.handlers.profiles
-
-
-RetrieveDep = Annotated[Retrieve, Depends(_retrieve)]
-RerankDep = Annotated[Rerank, Depends(_rerank)]
-CalibrateDep = Annotated[Calibrate, Depends(_calibrate)]
-FeedbackDep = Annotated[Feedback, Depends(_feedback)]
-RefreshDep = Annotated[Refresh, Depends(_refresh)]
-ProfilesDep = Annotated[Profiles, Depends(_profiles)]
+RetrieveDep = Annotated[Retrieve, Depends(_handler("retrieve"))]
+RerankDep = Annotated[Rerank, Depends(_handler("rerank"))]
+CalibrateDep = Annotated[Calibrate, Depends(_handler("calibrate"))]
+FeedbackDep = Annotated[Feedback, Depends(_handler("feedback"))]
+RefreshDep = Annotated[Refresh, Depends(_handler("refresh"))]
+ProfilesDep = Annotated[Profiles, Depends(_handler("profiles"))]
 """Each route's handler (the service must be ready: ``get_service``)."""
 
 
