@@ -27,6 +27,7 @@ _BUILTIN_MODULES = (
     "app.models.idefics3",
     "app.models.mistral3",
     "app.models.llava_onevision1_5",
+    "app.models.hunyuan_vl",
 )
 _loaded = False
 

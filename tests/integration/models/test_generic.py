@@ -19,6 +19,7 @@ import torch
 from transformers import BertConfig, Florence2Config, LlavaConfig, MllamaConfig
 
 from app.cli import main as lad
+from app.engine.runner import Runner
 from app.models.generic import GenericAdapter, full_attention_layers, refusal
 from app.models.loader import ModelLoadError, load_runner, make_runner
 from app.models.registry import UnsupportedModelError, adapter_for
@@ -84,6 +85,32 @@ def test_overrides_that_stay_correct_the_generic_answer() -> None:
     model, processor = build_tiny("smolvlm")
     with pytest.raises(AttributeError, match="video_processor"):
         _answers(GenericAdapter(model, processor), items)
+
+
+def _batch_minus_alone(runner: Runner, items) -> float:
+    together = runner.forward(items)
+    worst = 0.0
+    for row, item in enumerate(items):
+        alone = runner.forward([item])
+        for batched, single in (
+            (together.scores, alone.scores),
+            (together.attention, alone.attention),
+        ):
+            worst = max(worst, float(np.max(np.abs(batched[row] - single[0]))))
+    return worst
+
+
+def test_hunyuan_vl_rows_get_their_own_rope_positions() -> None:
+    # transformers numbers HunYuan-VL's images across the batch (a row's first image gets
+    # the ordinal the batch has reached), so the generic adapter's batched answer depends on
+    # the other rows; the override asks for each row's positions alone
+    model, processor = build_tiny("hunyuan_vl")
+    items = mixed_items(seed=3)
+    generic = Runner(GenericAdapter(model, processor))
+    assert _batch_minus_alone(generic, items) > 1e-4
+    own = make_runner(model, processor)
+    assert type(own.adapter).__name__ == "HunYuanVLAdapter"
+    assert _batch_minus_alone(own, items) <= 1e-5
 
 
 def test_refusals_name_the_reason(tmp_path: Path) -> None:
