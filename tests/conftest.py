@@ -16,6 +16,13 @@ from typing import Any
 import pytest
 
 REDIS_URL = os.environ.get("LAD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+SESSION_PREFIX = f"lad-test-{uuid.uuid4().hex[:6]}"
+"""This session's key prefix: its sweep leaves another pytest session's keys alone."""
+
+
+def unique_key_prefix() -> str:
+    """A key prefix unique to one test, under this session's."""
+    return f"{SESSION_PREFIX}-{uuid.uuid4().hex[:10]}"
 
 
 def _redis_answers(url: str) -> bool:
@@ -88,7 +95,7 @@ def redis_prefix() -> Iterator[str]:
     """A key prefix unique to the test; every key under it is removed afterwards."""
     import redis
 
-    prefix = f"lad-test-{uuid.uuid4().hex[:10]}"
+    prefix = unique_key_prefix()
     yield prefix
     client = redis.Redis.from_url(REDIS_URL)
     try:
@@ -105,7 +112,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
     try:
-        for name in client.scan_iter(match="lad-test-*"):
+        for name in client.scan_iter(match=f"{SESSION_PREFIX}-*"):
             client.delete(name)
     except redis.RedisError:
         pass  # no Redis here: nothing was written

@@ -3,7 +3,6 @@ prefix unique to each test."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from calibration_store import (
     open_store,
 )
 from calibration_store.redis_store import RedisProfileStore
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, unique_key_prefix
 
 
 @pytest.fixture
@@ -38,7 +37,7 @@ def open_redis(redis_prefix: str) -> Iterator[Callable[..., RedisProfileStore]]:
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Factory of a fresh store of each backend, e.g. make_store(keep_versions=3)."""
     opened: list[ProfileStore] = []
-    prefix = f"lad-test-{uuid.uuid4().hex[:10]}"
+    prefix = unique_key_prefix()
 
     def factory(**kwargs: Any) -> ProfileStore:
         url = {"memory": "memory://", "file": str(tmp_path / "profiles"), "redis": REDIS_URL}[
