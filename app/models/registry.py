@@ -28,6 +28,7 @@ _BUILTIN_MODULES = (
     "app.models.mistral3",
     "app.models.llava_onevision1_5",
     "app.models.hunyuan_vl",
+    "app.models.llama4",
 )
 _loaded = False
 
