@@ -1,10 +1,10 @@
 """Llama 4: the generic adapter, with a work-around for transformers 5.24's forward.
 
-``Llama4ForConditionalGeneration.forward`` (5.24) builds its output from
-``outputs.image_outputs``, where ``outputs`` is its language model's
-``MoeCausalLMOutputWithPast``, which has no such field: every forward that returns a
-dict (ours, and ``generate``'s) raises ``AttributeError`` (5.23 does not read it). The language model's output is
-given an empty ``image_outputs`` where it lacks one, so the forward completes; nothing it
+``Llama4ForConditionalGeneration.forward`` (5.24; 5.23 does not do this) builds its output
+from ``outputs.image_outputs``, where ``outputs`` is its language model's
+``MoeCausalLMOutputWithPast``, which has no such field: every forward that returns a dict
+(ours, and ``generate``'s) raises ``AttributeError``. The language model's output is given
+an empty ``image_outputs`` where it lacks one, so the forward completes; nothing it
 computes changes (the field is only copied into the returned output). Where a release
 fixes the forward, the output has the field and this does nothing. Everything else
 (spans, Λ from ``layer_types`` with the chunked layers left out, the template) is generic.
