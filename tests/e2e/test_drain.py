@@ -19,11 +19,14 @@ from tests.live import LiveService, save_tiny_model
 PIXELS = 448 * 448  # 256 image tokens per image: a 12-image forward of the tiny model takes s
 
 
-def _slow_body() -> dict[str, Any]:
+def _slow_body(request: int = 0) -> dict[str, Any]:
+    """Twelve images of their own per ``request``: none is a hit in the encoder cache, so
+    every request costs a whole forward."""
     images = []
     for i in range(12):
         buffer = io.BytesIO()
-        Image.new("RGB", (448, 448), (20 * i, 100, 255 - 20 * i)).save(buffer, format="PNG")
+        colour = (20 * i, 100 + 10 * request, 255 - 20 * i)
+        Image.new("RGB", (448, 448), colour).save(buffer, format="PNG")
         images.append(base64.b64encode(buffer.getvalue()).decode())
     return {"query": "a red square", "images": images, "method": "vanilla"}
 
@@ -44,15 +47,14 @@ def _service(tmp_path, drain_s: float) -> LiveService:
 
 def _send_in_background(url: str, count: int) -> tuple[list[threading.Thread], list[Any]]:
     answers: list[Any] = []
-    body = _slow_body()
 
-    def send() -> None:
+    def send(body: dict[str, Any]) -> None:
         try:
             answers.append(httpx.post(f"{url}/v1/retrieve", json=body, timeout=120))
         except httpx.HTTPError as exc:
             answers.append(exc)
 
-    threads = [threading.Thread(target=send) for _ in range(count)]
+    threads = [threading.Thread(target=send, args=(_slow_body(k),)) for k in range(count)]
     for thread in threads:
         thread.start()
     return threads, answers
