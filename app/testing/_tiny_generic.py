@@ -9,7 +9,7 @@ processor's own image placeholder where the processor ships none. Spatial settin
 size, patch size, merges) keep their defaults, so the processor's token counts and the
 vision tower agree without being told.
 
-A type that cannot be served (``app.models.generic.refusal``) or whose processor cannot be
+A type that cannot be served (``app.models.conventions.refusal``) or whose processor cannot be
 built here raises :class:`TinyBuildError` naming why.
 """
 
@@ -29,13 +29,13 @@ from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPI
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-from app.models.generic import (
+from app.models.conventions import refusal
+from app.models.registry import adapter_class, registered, supported_model_types
+from app.models.saved_processor import (
     processor_class_named,
-    refusal,
     stand_in_video_processor,
     with_stand_in_video,
 )
-from app.models.registry import adapter_class, registered, supported_model_types
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing import _tiny_generic_images as _images
 from app.testing._tiny_generic_agreement import (

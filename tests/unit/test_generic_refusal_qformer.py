@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import Blip2Config, InstructBlipConfig, LlavaConfig
 
-from app.models.generic import refusal
+from app.models.conventions import refusal
 from app.testing._tiny_generic import build_processor, shrink
 from app.testing.tiny_models import random_images
 
