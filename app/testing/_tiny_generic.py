@@ -9,7 +9,7 @@ processor's own image placeholder where the processor ships none. Spatial settin
 size, patch size, merges) keep their defaults, so the processor's token counts and the
 vision tower agree without being told.
 
-A type that cannot be served (``app.models.generic.refusal``) or whose processor cannot be
+A type that cannot be served (``app.models.conventions.refusal``) or whose processor cannot be
 built here raises :class:`TinyBuildError` naming why.
 
 The steps are modules of their own: the shrink (``_tiny_generic_shrink``), the processor
@@ -27,7 +27,7 @@ from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-from app.models.generic import refusal
+from app.models.conventions import refusal
 from app.testing import _tiny_generic_images as _images
 from app.testing._tiny_generic_agreement import patch_queries_for_tower, window_no_layer_uses
 from app.testing._tiny_generic_defaults import (

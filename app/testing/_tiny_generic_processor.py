@@ -20,8 +20,12 @@ from transformers.models.auto.configuration_auto import model_type_to_module_nam
 from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-from app.models.generic import processor_class_named, stand_in_video_processor, with_stand_in_video
 from app.models.registry import supported_model_types
+from app.models.saved_processor import (
+    processor_class_named,
+    stand_in_video_processor,
+    with_stand_in_video,
+)
 from app.models.torchvision_stand_in import torchvision_only_class
 from app.testing._tiny_generic_agreement import tower_size_from_processor, vit_patch_key
 from app.testing._tiny_generic_defaults import processor_delimiters
