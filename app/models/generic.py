@@ -19,7 +19,9 @@ never from a family table (the convention vLLM's transformers backend serves by)
   computes them and cached label steps continue each row's text positions.
 - **End of a label.** The token the chat template writes right after an assistant answer.
 
-:func:`refusal` names why a config cannot be served (checked by the registry at load).
+What a config says (image token id, delimiters, Λ, why it cannot be served) is read in
+``app.models.conventions``; a processor AutoProcessor cannot build here is rebuilt in
+``app.models.saved_processor``.
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ from PIL import Image
 from app.engine.adapter import PromptBatch
 from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, images_per_prompt
-from app.models.processor_probe import drops_the_prompt
-
-IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
-"""Config fields holding the id of the image placeholder token."""
-_DELIMITER_KEY = re.compile(
-    r"^(boi|eoi|(image|vision|img)_?(start|end|begin|open|close))_token(_id|_index)?$"
+from app.models.conventions import (
+    full_attention_layers,
+    image_token_id,
+    index_topk,
+    is_delimiter_key,
+    refusal,
 )
-_FULL_ATTENTION = "full_attention"
-_INDEXED = "indexed_attention"
+from app.models.processor_probe import drops_the_prompt
+from app.models.saved_processor import load_saved_processor
+
 PROMPT_DROPPED = (
     "its processor writes prompts of its own in place of the text it is given (one per "
     "image), so a query over N images never reaches the model"
@@ -54,115 +57,6 @@ _SPAN_CACHE_ROWS = 256
 _NOT_MODEL_INPUTS = ("offset_mapping", "labels")
 """Processor outputs no prompt forward takes: the offsets read here, and the training
 labels some processors return with their token type ids (PaliGemma's)."""
-
-
-def image_token_id(config: Any) -> int | None:
-    """The config's image placeholder token id (top level, then the text config)."""
-    for owner in (config, getattr(config, "text_config", None)):
-        for key in IMAGE_TOKEN_KEYS:
-            value = getattr(owner, key, None)
-            if isinstance(value, int):
-                return value
-    return None
-
-
-def _names_image_token(config: Any) -> bool:
-    """Whether the config has an image token field at all (a default config may leave it
-    None for the checkpoint to fill)."""
-    owners = (config, getattr(config, "text_config", None))
-    return any(
-        hasattr(owner, key) for owner in owners if owner is not None for key in IMAGE_TOKEN_KEYS
-    )
-
-
-def refusal(config: Any) -> str | None:
-    """Why the generic adapter cannot serve ``config`` (None: it can)."""
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder model: the images are not tokens of the decoder's sequence"
-    text = getattr(config, "text_config", None) or config
-    if getattr(text, "cross_attention_layers", None) or getattr(
-        config, "cross_attention_layers", None
-    ):
-        return (
-            "image features reach the text through cross-attention layers, not as tokens of "
-            "the sequence (no image span to read attention over)"
-        )
-    if getattr(config, "canvas_length", None):
-        return (
-            "a diffusion language model: the answer is denoised on a canvas of "
-            f"{config.canvas_length} tokens that reads the prompt's cache, not decoded token "
-            "by token after the prompt (no next-token label scores to read)"
-        )
-    if not _names_image_token(config):
-        return (
-            "no image tokens in the sequence: the config names no image_token_id / "
-            "image_token_index"
-        )
-    if _one_query_run_per_prompt(config):
-        return (
-            "one image per prompt: a Q-Former's num_query_tokens query tokens stand for the "
-            "image, written once ahead of the text whatever the number of images, so the N "
-            "images of a prompt cannot each have a span"
-        )
-    kinds = layer_kinds(text) if hasattr(text, "num_hidden_layers") else None
-    if kinds is not None and not full_attention_layers(text):
-        return (
-            "no layer of layer_types is full_attention (it has "
-            f"{', '.join(sorted(set(kinds)))}), so Λ (whole-prompt softmax layers) is empty"
-        )
-    return None
-
-
-def _one_query_run_per_prompt(config: Any) -> bool:
-    """A Q-Former model (BLIP-2, InstructBLIP): its processor writes ``num_query_tokens``
-    image tokens once at the head of each prompt, however many images it is given."""
-    queries = getattr(config, "num_query_tokens", None)
-    has_qformer = getattr(config, "qformer_config", None) is not None
-    return has_qformer and isinstance(queries, int) and not isinstance(queries, bool)
-
-
-def _is_delimiter_key(key: str) -> bool:
-    """``vision_start_token_id``, ``image_end_token``, ``boi_token_index`` ... (config or
-    processor fields naming an image's opening or closing token)."""
-    return _DELIMITER_KEY.match(key) is not None
-
-
-def layer_kinds(text_config: Any) -> list[str] | None:
-    """``layer_types`` of a text config, cut to its depth (None when it has none)."""
-    kinds = getattr(text_config, "layer_types", None)
-    if not kinds:
-        return None
-    return list(kinds)[: int(text_config.num_hidden_layers)]
-
-
-def full_attention_layers(text_config: Any) -> tuple[int, ...]:
-    """Layers whose softmax attention sees the whole prompt: the ``full_attention`` ones of
-    ``layer_types`` (sliding layers too when the config has no window); all without it."""
-    depth = int(text_config.num_hidden_layers)
-    kinds = layer_kinds(text_config)
-    if kinds is None:
-        return tuple(range(depth))
-    no_window = getattr(text_config, "sliding_window", None) is None
-    indexed = index_topk(text_config) is not None
-    return tuple(
-        i
-        for i, kind in enumerate(kinds)
-        if kind == _FULL_ATTENTION
-        or (no_window and kind == "sliding_attention")
-        or (indexed and kind == _INDEXED)
-    )
-
-
-def index_topk(text_config: Any) -> int | None:
-    """Keys an ``indexed_attention`` layer keeps per query (``index_topk``, DeepSeek-style
-    sparse attention): its indexer picks the top k of the keys a query may see, so a
-    sequence of at most k tokens keeps every key and the layer is full attention. None
-    where the config names no such k."""
-    kinds = layer_kinds(text_config) or []
-    topk = getattr(text_config, "index_topk", None)
-    if _INDEXED not in kinds or not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
-        return None
-    return topk
 
 
 class GenericAdapter(HFAdapter):
@@ -194,37 +88,12 @@ class GenericAdapter(HFAdapter):
         cls, path: str, revision: str | None = None, trust_remote_code: bool = False
     ) -> Any:
         """The saved processor; where ``AutoProcessor`` cannot build it (its video processor
-        needs torchvision), the class the checkpoint names (``processor_class``) built from
-        the saved parts, with a stand-in video processor (no video is ever sent)."""
-        from transformers import AutoTokenizer
-        from transformers.processing_utils import ProcessorMixin
-
-        from app.models.torchvision_stand_in import load_image_processor
-
+        needs torchvision), the class the checkpoint names, rebuilt from the saved parts
+        (``app.models.saved_processor``)."""
         try:
             return super().load_processor(path, revision, trust_remote_code)
         except NotImplementedError:
-            saved, _ = ProcessorMixin.get_processor_dict(path, revision=revision)
-        processor_cls = processor_class_named(str(saved.get("processor_class")))
-        options = {"revision": revision, "trust_remote_code": trust_remote_code}
-        parts: dict[str, Any] = {
-            "tokenizer": AutoTokenizer.from_pretrained(path, **options),
-            "image_processor": load_image_processor(path, **options),
-        }
-        attributes = processor_cls.get_attributes()
-        if "video_processor" in attributes:
-            processor_cls = with_stand_in_video(processor_cls)
-            parts["video_processor"] = stand_in_video_processor(parts["image_processor"])
-        if "feature_extractor" in attributes:  # an audio front end (omni models)
-            from transformers import AutoFeatureExtractor
-
-            parts["feature_extractor"] = AutoFeatureExtractor.from_pretrained(path, **options)
-        params = inspect.signature(processor_cls.__init__).parameters
-        settings = {
-            k: v for k, v in saved.items() if k in params and k not in parts and k not in attributes
-        }
-        settings["chat_template"] = parts["tokenizer"].chat_template or saved.get("chat_template")
-        return processor_cls(**parts, **settings)
+            return load_saved_processor(path, revision, trust_remote_code)
 
     def process(
         self, prompts: Sequence[str], images: Sequence[Sequence[Image.Image]], **options: Any
@@ -346,7 +215,7 @@ class GenericAdapter(HFAdapter):
         found: set[int] = set()
         for owner in (self.config, self.processor):
             for key, value in vars(owner).items():
-                if not _is_delimiter_key(key):
+                if not is_delimiter_key(key):
                     continue
                 if isinstance(value, int) and not isinstance(value, bool):
                     found.add(value)
@@ -363,7 +232,7 @@ class GenericAdapter(HFAdapter):
         found: set[int] = set()
         for owner in (self.config, self.processor):
             for key, value in vars(owner).items():
-                if not (_is_delimiter_key(key) and closing.match(key)):
+                if not (is_delimiter_key(key) and closing.match(key)):
                     continue
                 if isinstance(value, str):
                     value = self.tokenizer.convert_tokens_to_ids(value)
@@ -469,72 +338,6 @@ class GenericAdapter(HFAdapter):
         if not self._model_positions():
             return text
         return text[None].expand(3, -1, -1)  # temporal, height, width axes alike
-
-
-_STAND_INS: dict[type, type] = {}
-
-
-def with_stand_in_video(processor_cls: type) -> type:
-    """``processor_cls`` taking a plain ``BaseVideoProcessor`` as its video processor.
-
-    The family's video processors need torchvision, which the service does not install, and
-    no video is ever sent; the processor's own code (positional parts, its image and text
-    expansion) runs unchanged. Same class name, so a saved processor names its family's
-    class."""
-    if processor_cls not in _STAND_INS:
-
-        def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
-            from transformers.video_processing_utils import BaseVideoProcessor
-
-            if argument_name == "video_processor" and isinstance(argument, BaseVideoProcessor):
-                return BaseVideoProcessor
-            return processor_cls.check_argument_for_proper_class(self, argument_name, argument)
-
-        namespace = {
-            "check_argument_for_proper_class": check_argument_for_proper_class,
-            "__module__": processor_cls.__module__,
-            "__doc__": f"{processor_cls.__name__} with a stand-in video processor.",
-        }
-        _STAND_INS[processor_cls] = type(processor_cls.__name__, (processor_cls,), namespace)
-    return _STAND_INS[processor_cls]
-
-
-def stand_in_video_processor(image_processor: Any) -> Any:
-    """A plain ``BaseVideoProcessor`` carrying the image processor's settings: a processor
-    that reads its video processor's settings when built (MiniCPM-V's ``slice_mode``)
-    finds the image side's, and no video is ever sent."""
-    from transformers.video_processing_utils import BaseVideoProcessor
-
-    video = BaseVideoProcessor()
-    for key, value in vars(image_processor).items():
-        if not key.startswith("_") and not hasattr(video, key):
-            setattr(video, key, value)
-    return video
-
-
-def _adapter_classes(root: type) -> list[type]:
-    """Every adapter class defined so far (the registry imports the families' modules)."""
-    found = []
-    for sub in root.__subclasses__():
-        found.extend([sub, *_adapter_classes(sub)])
-    return found
-
-
-def processor_class_named(name: str) -> type:
-    """The processor class a checkpoint names (a tiny build's ``...NoVideo`` subclass by its
-    parent's name), torchvision-free where a family adapter has its own build of it (its
-    ``processor_class``; the registry has imported the families before any load)."""
-    import transformers
-
-    name = name.removesuffix("NoVideo")
-    for adapter in _adapter_classes(HFAdapter):  # e.g. Mistral 3's PixtralProcessor
-        own = adapter.processor_class
-        if own is not None and own.__name__ == name:
-            return own
-    processor_cls = getattr(transformers, name, None)
-    if processor_cls is None or not hasattr(processor_cls, "get_attributes"):
-        raise ValueError(f"the checkpoint names no processor class transformers has ({name!r})")
-    return processor_cls
 
 
 def _find(ids: list[int], real: tuple[int, ...]) -> int | None:

@@ -2,7 +2,7 @@
 
 A model type without a registered adapter gets the generic one
 (``app.models.generic.GenericAdapter``) unless its config says why it cannot be served
-(``generic.refusal``: encoder-decoder, cross-attention images, no image tokens).
+(``conventions.refusal``: encoder-decoder, cross-attention images, no image tokens).
 
 Built-in families are imported on first lookup, so a family module may import this one
 (to register itself) without a cycle.
@@ -80,7 +80,8 @@ def adapter_for(config: Any) -> type[HFAdapter]:
     """The adapter class for a transformers config: the one registered for its
     ``model_type``, else the generic adapter; raises UnsupportedModelError naming why
     when neither can serve it."""
-    from app.models.generic import GenericAdapter, refusal
+    from app.models.conventions import refusal
+    from app.models.generic import GenericAdapter
 
     model_type = getattr(config, "model_type", None) or ""
     if registered(model_type):

@@ -87,12 +87,12 @@ def processor_delimiters(processor: Any, expanded: set[int]) -> tuple[str, str]:
     """The image delimiters the processor holds as token strings (``image_start_token`` ..
     ``image_end_token``) that its expansion of an image leaves out: a checkpoint's template
     writes those around each placeholder (("", "") unless both are there)."""
-    from app.models.generic import _is_delimiter_key
+    from app.models.conventions import is_delimiter_key
 
     vocab = processor.tokenizer.get_vocab()
     found = {"start": "", "end": ""}
     for key, value in vars(processor).items():
-        if not (key.endswith("_token") and _is_delimiter_key(key) and isinstance(value, str)):
+        if not (key.endswith("_token") and is_delimiter_key(key) and isinstance(value, str)):
             continue
         if value in vocab and vocab[value] not in expanded and "video" not in key:
             side = "start" if any(word in key for word in _OPENING) else "end"

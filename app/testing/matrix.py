@@ -84,7 +84,7 @@ def refused_reason(model_type: str) -> str | None:
 
 def image_token_count(runner: Any, ids: Any) -> tuple[int, int]:
     """(image tokens inside the spans, image tokens in the row) for the config's image id."""
-    from app.models.generic import image_token_id
+    from app.models.conventions import image_token_id
 
     image_id = image_token_id(runner.model.config)
     return image_id, int((ids == image_id).sum())

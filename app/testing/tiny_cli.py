@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args(argv)
     from app.models.loader import quiet_progress_bars
-    from app.testing._tiny_generic import TinyBuildError
+    from app.testing._tiny_generic_error import TinyBuildError
     from app.testing.tiny_models import build_tiny
 
     try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import Blip2Config, InstructBlipConfig, LlavaConfig
 
-from app.models.generic import refusal
-from app.testing._tiny_generic import build_processor, shrink
+from app.models.conventions import refusal
+from app.testing._tiny_generic_processor import build_processor
+from app.testing._tiny_generic_shrink import shrink
 from app.testing.tiny_models import random_images
 
 

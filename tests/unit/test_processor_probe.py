@@ -10,7 +10,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from app.models.loader import ModelLoadError, load_runner
 from app.models.processor_probe import drops_the_prompt
-from app.testing._tiny_generic import build_processor, placeholder_of, shrink
+from app.testing._tiny_generic_processor import build_processor
+from app.testing._tiny_generic_shrink import shrink
+from app.testing._tiny_generic_tokens import placeholder_of
 from app.testing.tiny_models import build_tiny
 
 

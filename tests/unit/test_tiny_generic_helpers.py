@@ -76,7 +76,7 @@ def test_images_written_back_to_back_stay_apart() -> None:
 def test_a_diffusion_language_model_is_refused_with_its_reason() -> None:
     from transformers import DiffusionGemmaConfig, LlavaConfig
 
-    from app.models.generic import refusal
+    from app.models.conventions import refusal
 
     reason = refusal(DiffusionGemmaConfig())
     assert reason is not None and "diffusion language model" in reason and "canvas" in reason

@@ -21,7 +21,8 @@ from transformers import BertConfig, Florence2Config, LlavaConfig, MllamaConfig
 
 from app.cli import main as lad
 from app.engine.runner import Runner
-from app.models.generic import GenericAdapter, full_attention_layers, refusal
+from app.models.conventions import full_attention_layers, refusal
+from app.models.generic import GenericAdapter
 from app.models.loader import ModelLoadError, load_runner, make_runner
 from app.models.registry import UnsupportedModelError, adapter_for
 from app.testing.matrix import mixed_items
