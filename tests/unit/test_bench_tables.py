@@ -117,12 +117,16 @@ def test_figures_in_prose_are_filled_from_the_records(tmp_path) -> None:
             fig("a.json", "cells[variant=agd,n=4].median_ms/cells[variant=sdpa].median_ms", ".3f"),
             fig("*.json", "cells[variant=agd].median_ms", "range.1f"),
             fig("a.json", "cells[variant=agd].median_ms", "max.0f"),
+            fig("a.json", "cells[variant=agd].median_ms", "mean.2f"),
+            fig("a.json", "cells[variant=agd].median_ms", "ci95.1f"),
+            fig("a.json", "cells[variant=agd].median_ms", "count"),
         ]
     )
     out, problems = figures.fill(text, tmp_path)
     assert problems == []
     shown = re.findall(r"-->([^<]*)<!-- /fig", out)
-    assert shown == ["1.64", "0.98–1.04", "1.030", "9.9–20.0", "10"]
+    # the mean of 10.3 and 9.9; its bootstrap interval spans the two rounds
+    assert shown == ["1.64", "0.98–1.04", "1.030", "9.9–20.0", "10", "10.10", "9.9–10.3", "2"]
     assert figures.fill(out, tmp_path) == (out, [])  # idempotent
     broken = fig("a.json", "cells[variant=agd].median_ms", ".1f") + fig("c.json", "x", ".1f")
     out, problems = figures.fill(broken, tmp_path)

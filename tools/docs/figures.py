@@ -12,7 +12,9 @@ the records, so a sentence cannot keep a number its record no longer holds.
   divides A's values by B's, item by item (a ratio the record does not store).
 - FORMAT: a format spec (``.3f``) for exactly one value, or ``range.3f`` for the least and
   the greatest (``0.959–0.987``; one value when they agree at that precision), ``max.0e``
-  or ``min.1f`` for one of them.
+  or ``min.1f`` for one of them, ``count`` for how many there are, ``mean.3f`` for their
+  mean, ``ci95.3f`` for the 95 % interval of that mean (the evaluation's bootstrap,
+  ``app.eval.stats``: the values, e.g. rounds, resampled).
 """
 
 from __future__ import annotations
@@ -88,6 +90,15 @@ def render(numbers: list[float], spec: str) -> str:
     for word, pick in (("max", max), ("min", min)):
         if spec.startswith(word):
             return format(pick(numbers), spec.removeprefix(word))
+    if spec == "count":
+        return str(len(numbers))
+    if spec.startswith("mean"):
+        return format(sum(numbers) / len(numbers), spec.removeprefix("mean"))
+    if spec.startswith("ci95"):
+        from app.eval.stats import bootstrap_indices, mean_ci
+
+        low, high = mean_ci(numbers, bootstrap_indices(len(numbers)))
+        return f"{format(low, spec.removeprefix('ci95'))}–{format(high, spec.removeprefix('ci95'))}"
     if spec.startswith("range"):
         low, high = (format(x, spec.removeprefix("range")) for x in (min(numbers), max(numbers)))
         return low if low == high else f"{low}–{high}"
