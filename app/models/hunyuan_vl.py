@@ -31,11 +31,12 @@ class HunYuanVLAdapter(GenericAdapter):
     def prompt_kwargs(self, batch: PromptBatch) -> dict[str, Any]:
         kwargs = super().prompt_kwargs(batch)
         grid = batch.inputs.get("image_grid_thw")
-        if batch.input_ids.shape[0] < 2 or grid is None or grid.shape[0] != sum(batch.n_images):
+        if grid is None or grid.shape[0] != sum(batch.n_images):  # no images: text positions
             return kwargs
-        positions, deltas = row_rope_index(self._inner(), batch.inputs, batch.n_images)
-        self._inner().rope_deltas = deltas
-        kwargs["position_ids"] = positions
+        inner = self._inner()
+        kwargs["position_ids"], inner.rope_deltas = row_rope_index(
+            inner, batch.inputs, batch.n_images
+        )
         return kwargs
 
 

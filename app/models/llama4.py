@@ -33,9 +33,8 @@ class Llama4Adapter(GenericAdapter):
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         super().__init__(model, processor)
         language_model = getattr(model, "language_model", None)
-        if language_model is not None and not getattr(language_model, "_lad_fields", False):
+        if language_model is not None and not hasattr(language_model.forward, "adds_image_outputs"):
             language_model.forward = with_image_outputs(language_model.forward)
-            language_model._lad_fields = True
 
 
 def with_image_outputs(forward: Any) -> Any:
@@ -48,4 +47,5 @@ def with_image_outputs(forward: Any) -> Any:
             object.__setattr__(out, "image_outputs", None)
         return out
 
+    wrapped.adds_image_outputs = True  # type: ignore[attr-defined]  # wrapped once per model
     return wrapped

@@ -98,7 +98,8 @@ def render(numbers: list[float], spec: str) -> str:
         from app.eval.stats import bootstrap_indices, mean_ci
 
         low, high = mean_ci(numbers, bootstrap_indices(len(numbers)))
-        return f"{format(low, spec.removeprefix('ci95'))}–{format(high, spec.removeprefix('ci95'))}"
+        number = spec.removeprefix("ci95")
+        return f"{format(low, number)}–{format(high, number)}"
     if spec.startswith("range"):
         low, high = (format(x, spec.removeprefix("range")) for x in (min(numbers), max(numbers)))
         return low if low == high else f"{low}–{high}"
