@@ -135,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     except BindError as exc:
         log.error("%s", exc)
         return exc.exit_code
-    from app.api.server import return_large_buffers_to_the_os
+    from app.engine import host_memory
     from app.main import create_app, load_runner_from_settings
     from app.models.loader import ModelLoadError
 
-    return_large_buffers_to_the_os()
+    # before the model load starts threads (each picks its arena at its first allocation)
+    host_memory.apply(host_memory.policy_for(settings.host_memory_retain_s))
     try:
         runner = load_runner_from_settings(settings)
     except ModelLoadError as exc:

@@ -77,6 +77,15 @@ class Settings(BaseSettings):
         description="bound of the encoder cache (image embeddings by content, shared by the "
         "replica's requests; docs/benchmarks.md), in MiB; 0 turns it off",
     )
+    host_memory_retain_s: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="glibc: memory a forward frees is kept for the next one (no page faults "
+        "on large tensors) until the model worker has been idle this many seconds, then "
+        "given back to the OS; 0: blocks of 1 MiB or more are mapped apart and returned when "
+        "freed (docs/benchmarks.md)",
+    )
     trust_remote_code: bool = Field(
         False,
         description="run the Python code a checkpoint ships (model families outside "

@@ -27,7 +27,8 @@ from starlette.requests import Request
 
 import lad_client.types as wire
 from app import errors
-from app.service.decode import TRIM_AFTER_BYTES, parse_label_text, release_memory
+from app.engine.host_memory import release_free_memory
+from app.service.decode import TRIM_AFTER_BYTES, parse_label_text
 from lad_client.routes import BY_NAME, JSON, Route, find
 
 
@@ -168,7 +169,7 @@ def parse_json(body: bytes, model: Any) -> Any:
         raise validation_error(exc, "body") from None
     finally:
         if len(body) >= TRIM_AFTER_BYTES:
-            release_memory()
+            release_free_memory()
 
 
 async def read_json(request: Request, model: Any) -> Any:

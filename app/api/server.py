@@ -26,8 +26,6 @@ guard's (LAD_READ_TIMEOUT_S). What only an ingress in front can add: deploy/EDGE
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import json
 import logging
 import uuid
@@ -41,31 +39,11 @@ from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 * 1024
 """Request line + headers of one request, counted as name and value bytes (431 past it)."""
 FRESH_S = 1.0
 """A connection idle for less than this may just not have sent its head yet: at the
 connection bound it is closed only after every older idle one and every upload."""
-
-
-def return_large_buffers_to_the_os() -> bool:
-    """Serve every allocation of 1 MiB or more (decoded images, tensors) from its own
-    mapping, returned to the OS when freed.
-
-    glibc raises its mmap threshold to the size of the largest block freed (up to 32 MiB),
-    after which decoded images come from heap arenas that are rarely trimmed: a process
-    that once decoded big images kept hundreds of MiB. Fixing the threshold turns that off.
-    Returns False (and changes nothing) where the C library is not glibc.
-    """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        log.info("not glibc: the allocator is left as it is")
-        return False
 
 
 def head_bytes(request: h11.Request) -> int:

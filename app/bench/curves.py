@@ -26,8 +26,6 @@ docs/images/.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -38,16 +36,10 @@ import numpy as np
 from app.bench.engine_setup import DEVICE, QUERY, build, model_options, record_tag, set_side, sync
 from app.bench.results import device_name, write_record
 from app.cli_help import command_parser
+from app.engine.host_memory import map_blocks_apart
 
 METHODS = ("vanilla", "agd", "perm_avg")
 AXES = ("n", "tokens", "batch")
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-
-
-def _map_large_blocks() -> None:
-    """Fix glibc's mmap threshold at 64 KiB (no dynamic growth) so freed tensors leave RSS."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: peaks may read low
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
 
 
 class Methods:
@@ -258,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     model_options(parser)
     args = parser.parse_args(argv)
     DEVICE.update(device=args.device, dtype=args.dtype, width=args.width)
-    _map_large_blocks()
+    map_blocks_apart(64 * 1024)  # freed tensors leave RSS at once: the peaks read true
     from app.engine.encoder_cache import EncoderCache
 
     runner = build(args.model, args.side, args.threads)

@@ -14,12 +14,17 @@ that want fuller batches.
 
 A batch whose handler raises is re-run one item at a time, so a poisoned item fails only
 its own caller; the worker thread never dies on a handler error.
+
+`on_idle`, when given, runs on the worker thread once the queue has stayed empty for
+`idle_after_s` after a batch (once per idle spell: the model worker gives the memory its
+forwards kept back to the OS there, `app.engine.host_memory`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import queue
 import threading
@@ -32,6 +37,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _STOP = object()
+log = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
@@ -83,14 +89,20 @@ class Batcher(Generic[T, R]):
         max_wait_ms: float = 0.0,
         max_queue: int = 64,
         name: str = "batcher",
+        on_idle: Callable[[], object] | None = None,
+        idle_after_s: float = 1.0,
     ) -> None:
-        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0 or idle_after_s <= 0:
+            raise ValueError(
+                "max_batch_size and max_queue must be >= 1, max_wait_ms >= 0, idle_after_s > 0"
+            )
         self.handler = handler
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.name = name
+        self.on_idle = on_idle
+        self.idle_after_s = idle_after_s
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._mean_batch_s = 0.0  # EWMA of handler time, for Retry-After
@@ -187,14 +199,28 @@ class Batcher(Generic[T, R]):
 
     def _work(self) -> None:
         stop = False
+        idle_due = False  # a batch ran since on_idle last did
         while not stop:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=self.idle_after_s if idle_due else None)
+            except queue.Empty:
+                idle_due = False
+                self._idle()
+                continue
             if first is _STOP:
                 break
             batch, stop = self._collect(first)
             batch = [p for p in batch if not p.future.done()]
             if batch:
                 self._run(batch)
+                idle_due = self.on_idle is not None
+
+    def _idle(self) -> None:
+        assert self.on_idle is not None
+        try:
+            self.on_idle()
+        except Exception:  # the worker outlives its idle hook
+            log.exception("%s: the idle hook failed", self.name)
 
     def _run(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()

@@ -17,6 +17,7 @@ import numpy as np
 
 from app import errors
 from app.engine.batcher import Batcher, BatcherStopped, QueueFull
+from app.engine.host_memory import release_free_memory
 from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.observability.metrics import Metrics
@@ -67,6 +68,8 @@ class ModelWorker:
             max_wait_ms=settings.max_wait_ms,
             max_queue=settings.max_queue,
             name="lad-model-worker",
+            on_idle=release_free_memory if settings.host_memory_retain_s > 0 else None,
+            idle_after_s=settings.host_memory_retain_s or 1.0,
         )
         self._batch_ids = itertools.count(1)
         self._bulk_turn = asyncio.Lock()  # one wave of admin work in the queue at a time

@@ -86,6 +86,8 @@ def test_lad_serve_runs_uvicorn_with_the_settings(tmp_path, items, calibrate_jso
     ready = [line for line in log.splitlines() if ": ready: " in line]
     assert len(ready) == 1 and f"ready: serving on http://127.0.0.1:{port}" in ready[0], log
     assert log.index("loaded in") < log.index("ready: serving on"), "ready before the model"
+    # the C heap's policy is set before the model load starts threads (app.engine.host_memory)
+    assert log.index("host memory: retain") < log.index("loaded in"), log
 
 
 def test_lad_serve_refuses_an_open_admin_on_a_public_address(tmp_path):

@@ -7,7 +7,6 @@ from app.service.decode.decoder import (
     Decoder,
     ImageInput,
     parse_label_text,
-    release_memory,
     target_size,
 )
 from app.service.decode.headers import check_header, sniff_format
@@ -18,7 +17,6 @@ __all__ = [
     "ImageInput",
     "check_header",
     "parse_label_text",
-    "release_memory",
     "sniff_format",
     "target_size",
 ]

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import ctypes
-import ctypes.util
 import io
 import logging
 import math
@@ -42,6 +40,7 @@ from PIL import Image
 
 from app import errors
 from app.budget import PIXEL_BYTES, ByteBudget
+from app.engine.host_memory import release_free_memory
 from app.engine.labels import Labels, LabelSpec, parse_labels
 from app.service.decode.headers import check_header, sniff_format
 from app.settings import Settings
@@ -54,7 +53,7 @@ threads: below it, decoding costs less than handing the images over."""
 
 TRIM_AFTER_BYTES = 16 * 1024 * 1024
 """A JSON body, or a request's encoded images, from this size on is followed by
-``release_memory`` (after the parse, after the decode)."""
+``release_free_memory`` (after the parse, after the decode)."""
 
 ImageInput = str | bytes
 
@@ -76,24 +75,6 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
-def release_memory() -> bool:
-    """Give the free pages of every malloc arena back to the OS (glibc ``malloc_trim``;
-    False elsewhere). Large buffers are mapped apart and go back when freed
-    (``app.api.server.return_large_buffers_to_the_os``); this is for the many small blocks
-    a large decode leaves free in the arenas, which glibc otherwise keeps."""
-    return bool(_TRIM(0)) if _TRIM is not None else False
 
 
 def target_size(width: int, height: int, budget: int | None) -> tuple[int, int]:
@@ -278,7 +259,7 @@ class Decoder:
             for probe in probes:
                 probe.image.close()
             if sum(map(len, raws)) >= TRIM_AFTER_BYTES:
-                release_memory()
+                release_free_memory()
 
     def _decode_threads(self) -> ThreadPoolExecutor:
         if self._threads is None:

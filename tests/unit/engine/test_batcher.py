@@ -314,3 +314,76 @@ def test_a_timer_lets_a_partial_batch_wait_but_a_full_one_runs() -> None:
     finally:
         batcher.stop()
     assert handler.batches == [[1, 2]]  # full at 2: it ran without waiting out the timer
+
+
+# ---------------------------------------------------------------- the idle hook
+class IdleLog:
+    """An idle hook that records when it ran, on which thread, and can fail on demand."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[float] = []
+        self.threads: set[int] = set()
+        self.fail = fail
+        self.called = threading.Event()
+
+    def __call__(self) -> None:
+        self.calls.append(time.perf_counter())
+        self.threads.add(threading.get_ident())
+        self.called.set()
+        if self.fail:
+            raise RuntimeError("idle hook failed")
+
+
+def test_on_idle_runs_once_per_idle_spell_on_the_worker_thread() -> None:
+    handler, idle = Recorder(), IdleLog()
+    batcher = Batcher(handler, max_queue=8, on_idle=idle, idle_after_s=0.2)
+    batcher.start()
+    try:
+        time.sleep(0.4)
+        assert idle.calls == []  # no batch has run yet: nothing to give back
+        finished = time.perf_counter()
+        assert _run(_submit(batcher, 1)) == 2
+        assert idle.called.wait(5)
+        assert idle.calls[0] - finished >= 0.2  # not before the queue stayed empty that long
+        time.sleep(0.6)
+        assert len(idle.calls) == 1  # once per spell, not every idle_after_s
+        assert _run(_submit(batcher, 2)) == 4
+        deadline = time.perf_counter() + 5
+        while len(idle.calls) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert len(idle.calls) == 2  # a new batch, a new idle spell
+    finally:
+        batcher.stop()
+    assert idle.threads == handler.threads  # the worker thread, where the model lives
+
+
+def test_a_busy_queue_defers_the_idle_hook() -> None:
+    idle = IdleLog()
+    batcher = Batcher(Recorder(delay_s=0.05), max_queue=8, on_idle=idle, idle_after_s=0.3)
+    batcher.start()
+    try:
+        for i in range(8):  # a batch every ~0.1 s: never 0.3 s without one
+            assert _run(_submit(batcher, i)) == 2 * i
+            time.sleep(0.05)
+        assert idle.calls == []
+        assert idle.called.wait(5)
+    finally:
+        batcher.stop()
+
+
+def test_a_failing_idle_hook_leaves_the_worker_serving() -> None:
+    idle = IdleLog(fail=True)
+    batcher = Batcher(Recorder(), max_queue=8, on_idle=idle, idle_after_s=0.05)
+    batcher.start()
+    try:
+        assert _run(_submit(batcher, 1)) == 2
+        assert idle.called.wait(5)
+        assert batcher.running
+        assert _run(_submit(batcher, 3)) == 6
+    finally:
+        batcher.stop()
+
+
+def test_the_idle_delay_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Batcher(Recorder(), idle_after_s=0)
