@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "app.bench.cache",
         "measure the encoder cache: perm_avg, rerank and a Zipf stream with it off and on",
     ),
+    "bench host-memory": (
+        "app.bench.host_memory",
+        "measure the C heap's policies (retain, map apart, glibc's) on a CPU forward",
+    ),
     "bench curves": (
         "app.bench.curves",
         "draw latency and peak memory of vanilla / agd / perm_avg against N, tokens and batch",

@@ -214,7 +214,8 @@ def blocks(results: Path = RESULTS) -> dict[str, str | None]:
         "overhead": lambda: _overhead(results),
         "service": lambda: _map(_load(results / "service_demo.json"), service_block),
         "gpu": lambda: gpu_block(results / "gpu"),
-        "cache": lambda: _cache(results),
+        "cache": lambda: _own_tables(results, "cache_*.json"),
+        "host-memory": lambda: _own_tables(results, "host_memory_*.json"),
         "curves": lambda: _curves(results),
     }
     return {name: render() for name, render in renderers.items()}
@@ -248,9 +249,10 @@ def _curves(results: Path) -> str | None:
     return "\n\n".join(parts) if parts else None
 
 
-def _cache(results: Path) -> str | None:
-    """``lad bench cache``'s records, each with its own table (app.bench.cache.render)."""
-    records = [r for p in sorted(results.glob("cache_*.json")) if (r := _load(p))]
+def _own_tables(results: Path, pattern: str) -> str | None:
+    """The records ``pattern`` matches, each with the table it carries (``lad bench cache``,
+    ``lad bench host-memory``: rendered by the benchmark when it wrote the record)."""
+    records = [r for p in sorted(results.glob(pattern)) if (r := _load(p))]
     parts = [
         f"**{r['model']}**{f' width {w}' if (w := r.get('width')) else ''}. {_where(r)}\n\n"
         f"{r['table']}"
