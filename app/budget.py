@@ -7,7 +7,10 @@ it (its body before the body is read, its images' decoded pixels before they are
 decoded) and gives it back when it is done; one that would cross the budget waits its
 turn (first come, first served; one of at most 1/16 of the budget passes when it fits),
 and after ``BUDGET_WAIT_S`` is refused 429
-``overloaded`` with ``Retry-After``. A request larger than the whole budget runs alone.
+``overloaded`` with ``Retry-After``. A request larger than the whole budget runs alone:
+beside nothing but its own body and the bodies of requests that wait their turn here or for
+a decode slot (they cannot grow until it is done, and waiting for them would have them all
+wait for each other).
 Thread-safe: the body is reserved on the event loop, the pixels on the decode threads.
 """
 
@@ -18,6 +21,8 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 from app import errors
@@ -53,15 +58,19 @@ class ByteBudget:
         self._cond = threading.Condition()
         self._queue: deque[int] = deque()  # tickets waiting, in arrival order
         self._tickets = itertools.count()
+        self._parked = 0  # bytes held by the requests waiting here (their own bytes)
 
-    def _room(self, n: int, own: int) -> bool:
-        return self.used + n <= self.capacity or self.used - own <= 0
+    def _room(self, n: int, own: int, parked: bool) -> bool:
+        """Within the budget, or alone: every byte held is held by a request that waits
+        here (``parked``: this one's own bytes are counted among them already)."""
+        waiting = self._parked if parked else self._parked + own
+        return self.used + n <= self.capacity or self.used - waiting <= 0
 
     def _fits(self, ticket: int, n: int, own: int) -> bool:
         """In turn, or small enough to pass the queue (an ordinary request's pixels must
         not wait 10 s behind a maximal body that waits for room)."""
         small = n <= self.capacity // SMALL_SHARE
-        return (small or self._queue[0] == ticket) and self._room(n, own)
+        return (small or self._queue[0] == ticket) and self._room(n, own, parked=True)
 
     def reserve(self, n: int, what: str, wait_s: float | None = None) -> int:
         """Block until ``n`` bytes fit (a thread's call); 429 after ``wait_s``. Returns
@@ -72,6 +81,7 @@ class ByteBudget:
         with self._cond:
             ticket = next(self._tickets)
             self._queue.append(ticket)
+            self._parked += own
             try:
                 while not self._fits(ticket, n, own):
                     left = deadline - time.monotonic()
@@ -82,6 +92,7 @@ class ByteBudget:
                 self.peak = max(self.peak, self.used)
             finally:
                 self._queue.remove(ticket)
+                self._parked -= own
                 self._cond.notify_all()
         return n
 
@@ -92,12 +103,13 @@ class ByteBudget:
         own = OWN_BYTES.get()
         with self._cond:
             small = n <= self.capacity // SMALL_SHARE
-            if (small or not self._queue) and self._room(n, own):
+            if (small or not self._queue) and self._room(n, own, parked=False):
                 self.used += n
                 self.peak = max(self.peak, self.used)
                 return n
             ticket = next(self._tickets)
             self._queue.append(ticket)
+            self._parked += own
         deadline = time.monotonic() + _wait(wait_s)
         delay = 0.002
         try:
@@ -114,6 +126,22 @@ class ByteBudget:
         finally:
             with self._cond:
                 self._queue.remove(ticket)
+                self._parked -= own
+                self._cond.notify_all()
+
+    @contextmanager
+    def waiting(self, own: int) -> Iterator[None]:
+        """While the current request waits for its turn elsewhere (a decode slot), its own
+        bytes count among those of the requests waiting here: it cannot grow until its
+        turn comes, so a request larger than the budget may run alone beside it."""
+        with self._cond:
+            self._parked += own
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._parked -= own
                 self._cond.notify_all()
 
     def release(self, n: int) -> None:

@@ -96,3 +96,50 @@ def test_a_small_reservation_passes_a_large_one_that_waits() -> None:
     assert time.monotonic() - start < 0.3
     waiting.join()
     assert refused == [True]  # the big one still waits its turn, then 429
+
+
+def test_requests_larger_than_the_budget_take_turns_instead_of_waiting_for_each_other() -> None:
+    """Four requests, each holding its body and asking for more pixels than the whole
+    budget: each runs alone in turn. (They used to wait out BUDGET_WAIT_S for each other's
+    bodies, so that four 12 x 4096² PNG retrieves at once got two 429s after 30 s.)"""
+    budget = ByteBudget(100)
+    bodies_held = threading.Barrier(4)
+    done: list[tuple[str, float]] = []
+    during: list[int] = []
+
+    def request(name: str) -> None:
+        body = budget.reserve(5, f"{name} body")
+        token = OWN_BYTES.set(body)
+        try:
+            bodies_held.wait(5)  # every body held before any pixels are asked for
+            pixels = budget.reserve(500, f"{name} pixels", wait_s=5)
+            during.append(budget.used)
+            time.sleep(0.05)
+            budget.release(pixels)
+            done.append((name, time.monotonic()))
+        finally:
+            OWN_BYTES.reset(token)
+            budget.release(body)
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=request, args=(n,)) for n in "abcd"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 4 and max(t for _, t in done) - start < 2  # no one waited out 5 s
+    assert all(used <= 500 + 4 * 5 for used in during)  # one request's pixels at a time
+    assert budget.used == 0
+
+
+def test_an_oversized_request_still_waits_for_pixels_being_decoded() -> None:
+    budget = ByteBudget(100)
+    decoding = budget.reserve(50, "pixels of another request")  # not waiting: decoding
+    body = budget.reserve(5, "body")
+    token = OWN_BYTES.set(body)
+    try:
+        with pytest.raises(errors.Overloaded):
+            budget.reserve(500, "huge pixels", wait_s=0.1)
+    finally:
+        OWN_BYTES.reset(token)
+    budget.release(decoding)

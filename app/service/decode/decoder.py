@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image
 
 from app import errors
-from app.budget import PIXEL_BYTES, ByteBudget
+from app.budget import OWN_BYTES, PIXEL_BYTES, ByteBudget
 from app.engine.host_memory import release_free_memory
 from app.engine.labels import Labels, LabelSpec, parse_labels
 from app.service.decode.headers import check_header, sniff_format
@@ -212,8 +212,12 @@ class Decoder:
         """Hold one of LAD_MAX_CONCURRENT_DECODES decode slots (waiting costs no thread)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_concurrent_decodes)
-        async with self._slots:
+        with self.budget.waiting(OWN_BYTES.get()):  # its body waits; others may run alone
+            await self._slots.acquire()
+        try:
             yield
+        finally:
+            self._slots.release()
 
     # ------------------------------------------------------------------ images
     def images(

@@ -358,3 +358,40 @@ def test_one_icc_profile_per_png_and_compressed_chunks_are_bounded() -> None:
     )
     with pytest.raises(errors.UnsupportedImage, match="MAX_PNG_COMPRESSED_CHUNK_BYTES"):
         check_header(big, "x")
+
+
+def test_requests_waiting_for_a_decode_slot_do_not_stall_one_larger_than_the_budget(
+    monkeypatch,
+) -> None:
+    """Four requests at once, two decode slots, each request's pixels larger than the whole
+    in-flight budget: they decode in turn. (The two in the slots used to wait for the bodies
+    of the two waiting for a slot until BUDGET_WAIT_S ran out: 429s after 30 s.)"""
+    import asyncio
+    import time
+
+    from app import budget as byte_budget
+
+    monkeypatch.setattr(byte_budget, "BUDGET_WAIT_S", 5.0)
+    decoder = _decoder(
+        budget=None, max_inflight_bytes=2**20, max_concurrent_decodes=2, decode_threads=1
+    )
+    raw = _encode(Image.new("RGB", (1024, 1024), (200, 30, 30)))  # 4 MiB of pixels > 1 MiB
+
+    async def request() -> int:
+        body = await decoder.budget.areserve(200 * 1024, "the request body")
+        token = byte_budget.OWN_BYTES.set(body)
+        try:
+            async with decoder.slot():
+                images = await asyncio.to_thread(decoder.images, [raw], "images")
+            return images[0].size[0]
+        finally:
+            byte_budget.OWN_BYTES.reset(token)
+            decoder.budget.release(body)
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(request() for _ in range(4)))
+
+    start = time.monotonic()
+    assert asyncio.run(main()) == [1024] * 4
+    assert time.monotonic() - start < 4  # in turn, not after a wait runs out
+    assert decoder.budget.used == 0
