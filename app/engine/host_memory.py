@@ -3,9 +3,10 @@
 A CPU forward of a real-size model allocates and frees tensors of tens to hundreds of MiB.
 glibc serves each block above its mmap threshold from a mapping of its own and unmaps it
 when it is freed, so the next forward faults the same memory in again, 4 KiB at a time: on
-shape:qwen2_5_vl-3b (64 images in six rows) the service's former setting, every block of
-1 MiB or more mapped apart, spent most of a forward's time in the kernel
-(``lad bench host-memory``; docs/benchmarks.md "Host memory").
+shape:qwen2_5_vl-3b (66 images in six rows) the service's former setting, every block of
+1 MiB or more mapped apart, spent a third of a forward's CPU time in the kernel on 8 M page
+faults, and retention makes the forward 0.7x as long (``lad bench host-memory``;
+docs/benchmarks.md "Host memory").
 
 Two policies, chosen once per process before its threads start:
 
