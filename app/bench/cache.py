@@ -37,17 +37,10 @@ from typing import Any
 import numpy as np
 
 from app.bench.engine_setup import DEVICE, QUERY, build, model_options, record_tag, sync
-from app.bench.results import device_name, write_record
+from app.bench.results import MIB, device_name, rss_bytes, write_record
 from app.cli_help import command_parser
 from app.engine import host_memory
 from app.settings import Settings
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE / 2**20
 
 
 def _images(n: int, side: int, seed: int) -> list:
@@ -273,7 +266,7 @@ def measure_bound(args: Any, bench: Bench) -> dict[str, Any]:
     capacity = args.bound_entries * unit
     bench.on = EncoderCache(capacity / MB, bench.off.fingerprint)
     bench.use(True)
-    rss = _rss_mib()
+    rss = rss_bytes() / MIB
     peak_bytes = 0
     for k in range(0, 2 * args.bound_entries, 4):
         bench.forward([_images(4, args.side, 90_000 + k)])
@@ -284,7 +277,7 @@ def measure_bound(args: Any, bench: Bench) -> dict[str, Any]:
         "peak_bytes": peak_bytes,
         "entries": len(bench.on),
         "evictions": bench.on.stats.evictions,
-        "rss_growth_mib": _rss_mib() - rss,
+        "rss_growth_mib": rss_bytes() / MIB - rss,
     }
 
 

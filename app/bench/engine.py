@@ -37,15 +37,8 @@ import numpy as np
 
 from app.bench.engine_cells import VARIANTS, Cell, render, spread
 from app.bench.engine_setup import DEVICE, build, requests, side_for, sync
-from app.bench.results import device_name, write_record
+from app.bench.results import device_name, rss_bytes, write_record
 from app.cli_help import command_parser
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE
 
 
 class PeakSampler:
@@ -59,18 +52,18 @@ class PeakSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_bytes())
+            self.peak = max(self.peak, rss_bytes())
             time.sleep(self.interval_s)
 
     def __enter__(self) -> PeakSampler:
-        self.peak = _rss_bytes()
+        self.peak = rss_bytes()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
+        self.peak = max(self.peak, rss_bytes())
 
 
 def _variant_call(runner, variant: str, items, bias_matrix, prior):

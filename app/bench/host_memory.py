@@ -27,17 +27,11 @@ from typing import Any
 import numpy as np
 
 from app.bench.engine_setup import DEVICE, QUERY, build, model_options, record_tag
-from app.bench.results import device_name, write_record
+from app.bench.results import MIB, device_name, rss_bytes, write_record
 from app.cli_help import command_parser
 from app.engine import host_memory
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 BASE = "map_apart"
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE / 2**20
 
 
 def child(args: Any) -> dict[str, Any]:
@@ -77,12 +71,12 @@ def child(args: Any) -> dict[str, Any]:
     worker = threading.Thread(target=work, name="lad-model-worker")
     worker.start()
     worker.join()
-    rss_busy = _rss_mib()
+    rss_busy = rss_bytes() / MIB
     host_memory.release_free_memory()
     return {
         "forwards": rows[1:],  # the first is the warm-up
         "rss_after_forwards_mib": rss_busy,
-        "rss_after_release_mib": _rss_mib(),
+        "rss_after_release_mib": rss_bytes() / MIB,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
