@@ -166,7 +166,7 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
         "app/main.py",
-        "app/demo/model/model.safetensors",
+        "app/models/demo/model.safetensors",
         "calibration_store/__init__.py",
         "lad_client/__init__.py",
         "lad_client/types/retrieve.py",

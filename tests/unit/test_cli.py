@@ -85,14 +85,14 @@ def test_command_help_imports_no_torch_and_shows_defaults(command: str) -> None:
 
 
 def test_lad_help_lists_the_subcommands_that_modules_dispatch() -> None:
-    """`lad eval rerank` is dispatched by app.eval.cli too; the overview names it."""
-    assert "eval rerank" in COMMANDS and COMMANDS["eval rerank"][0] == "app.eval.rerank"
+    """`lad eval rerank` is dispatched by lad_lab.eval.cli too; the overview names it."""
+    assert "eval rerank" in COMMANDS and COMMANDS["eval rerank"][0] == "lad_lab.eval.rerank"
     assert "lad eval rerank" in lad("--help").stdout
 
 
 def test_boolean_options_are_flags_that_still_take_a_value() -> None:
-    from app.eval.cli import config_from
     from app.serve import build_parser, settings_from
+    from lad_lab.eval.cli import config_from
 
     assert settings_from(["--trust-remote-code"]).trust_remote_code is True
     assert settings_from(["--trust-remote-code", "false"]).trust_remote_code is False
