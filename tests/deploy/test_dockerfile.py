@@ -172,3 +172,7 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
         "lad_client/types/retrieve.py",
         "lad_client/py.typed",
     } <= names
+    # the image carries the service only: the demo model's files, never the lab
+    demo = {f"app/models/demo/{f.name}" for f in (ROOT / "app" / "models" / "demo").iterdir()}
+    assert len(demo) == 9 and demo <= names, demo - names
+    assert not [n for n in names if n.startswith("lad_lab")]

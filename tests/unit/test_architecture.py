@@ -131,6 +131,27 @@ def test_no_import_cycle() -> None:
     assert not cycles, cycles
 
 
+SERVICE = ("app", "calibration_store", "lad_client")
+"""The packages the wheel and the image carry; none of them imports the lab."""
+
+
+def test_the_service_never_imports_the_lab() -> None:
+    """No module of the service imports lad_lab, lazily or not; the lab layers above the
+    service, so the layer test already forbids it below the entry points, and this holds
+    the entry points too (app.main, app.serve; app.cli names the lab's modules as strings,
+    imported only when a lab command runs)."""
+    modules = _modules()
+    found = sorted(
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        if name.split(".")[0] in SERVICE
+        for target in _imported_names(path)
+        if target == "lad_lab" or target.startswith("lad_lab.")
+    )
+    assert not found, found
+    assert any(name.startswith("lad_lab.") for name in modules), "the lab was not scanned"
+
+
 def _file_of(prefix: str) -> str:
     """How the architecture pages name a layer's package or module: app/engine/, errors.py."""
     path = ROOT.joinpath(*prefix.split("."))
