@@ -13,6 +13,8 @@
 ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:0bee7276f83efd4a1ee05bbbf4281d95ed28e079220a9457f25a93e3f1e3c31b
 
 # --- stage 1: the lad-serve wheel (sources never reach the runtime image) ---------------
+# The service only: app/, calibration_store/ and lad_client; the lab (lad_lab/: eval, bench,
+# the demo's training, the test models) is not in the build context (.dockerignore).
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from app.demo.world import caption, make_items, render, sample_object
 from app.models.loader import load_runner
 from lad_client import LadClient
+from lad_lab.demo.world import caption, make_items, render, sample_object
 
 
 @torch.no_grad()

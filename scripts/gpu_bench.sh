@@ -19,7 +19,7 @@
 #   3. `lad bench engine`, tiny Qwen2.5-VL at ~1.5k / 6k / 16k tokens (N = 12) in bf16;
 #   4. `lad bench service` on the demo model with LAD_DEVICE=cuda;
 #   5. issue 23: the released Qwen2.5-VL-3B and -7B architectures at full width with random
-#      weights (`shape:`, app/testing/shapes/), bf16, sdpa vs agd vs eager at N = 2, 4, 8, 12
+#      weights (`shape:`, lad_lab/testing/shapes/), bf16, sdpa vs agd vs eager at N = 2, 4, 8, 12
 #      and ~1.5k / 6k tokens, peak GPU memory per variant; the 3B's captured == eager in
 #      step 2;
 #   6. issue 23: throughput of the runner at batch 1, 4 and 16 (agd requests in one forward)

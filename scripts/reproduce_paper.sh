@@ -12,10 +12,10 @@
 #     --data coco/annotations/captions_val2014.json --images coco/val2014 \
 #     --instances coco/annotations/instances_val2014.json --clip /ckpt/clip-vit-large-patch14 \
 #     --out runs/paper [--quick]
-# See `scripts/reproduce_paper.sh --help` and app/eval/reproduce.py.
+# See `scripts/reproduce_paper.sh --help` and lad_lab/eval/reproduce.py.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${LAD_PYTHON:-$root/.venv/bin/python}"
 [ -x "$python" ] || python="$(command -v python3)"
 cd "$root"
-exec "$python" -m app.eval.reproduce "$@"
+exec "$python" -m lad_lab.eval.reproduce "$@"

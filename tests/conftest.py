@@ -58,7 +58,7 @@ def _key(model: str, options: dict[str, Any]) -> tuple[Any, ...]:
 def shared_runner() -> Callable[..., Any]:
     """``shared_runner(model, **options)``: one runner per distinct arguments for the whole
     session. ``"demo"`` is the bundled demo model (``load_runner``, one torch thread); any
-    other name is a tiny family of ``app.testing.tiny_models.tiny_runner`` with those options.
+    other name is a tiny family of ``lad_lab.testing.tiny_models.tiny_runner`` with those options.
 
     Every test module that asks for the same arguments gets the same object, so a test must
     leave the runner as it found it (monkeypatch, or restore in ``finally``); a test that
@@ -78,7 +78,7 @@ def shared_runner() -> Callable[..., Any]:
 
                 built[key] = load_runner("demo", threads=1, **options)
             else:
-                from app.testing.tiny_models import tiny_runner
+                from lad_lab.testing.tiny_models import tiny_runner
 
                 built[key] = tiny_runner(model, **options)
         return built[key]

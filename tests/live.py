@@ -1,4 +1,4 @@
-"""A real `lad serve` for tests (``app.bench.live.Served`` with the tests' settings), and a
+"""A real `lad serve` for tests (``lad_lab.bench.live.Served`` with the tests' settings), and a
 tiny model saved like a real checkpoint."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.bench.live import Served
+from lad_lab.bench.live import Served
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def save_tiny_model(directory: Path, family: str = "qwen2_5_vl") -> Path:
     """A tiny random model of ``family`` saved the way a real checkpoint is."""
-    from app.testing.tiny_models import build_tiny
+    from lad_lab.testing.tiny_models import build_tiny
 
     model, processor = build_tiny(family)
     model.save_pretrained(directory)

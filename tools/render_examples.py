@@ -1,7 +1,7 @@
 """The example images of the documentation, rendered from the demo model's synthetic world.
 
 The pages' curl and Python examples send these files to a service on the demo model, so
-they are scenes of the world that model was trained on (app/demo/world.py: one shape of
+they are scenes of the world that model was trained on (lad_lab/demo/world.py: one shape of
 one colour, size and position on a textured background), each named after its caption.
 tests/e2e/test_doc_examples.py checks that the demo model answers every example query with
 its intended image (vanilla and agd).
@@ -19,11 +19,11 @@ import numpy as np
 from PIL import Image
 
 from app.cli_help import command_parser
-from app.demo.world import SceneObject, caption, render
+from lad_lab.demo.world import SceneObject, caption, render
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "examples" / "images"
-IMAGE_SIZE = 56  # the demo model's own image size (app/demo/world.py)
+IMAGE_SIZE = 56  # the demo model's own image size (lad_lab/demo/world.py)
 
 # (shape, colour, size, position, background) of each example image
 CANDIDATES: tuple[tuple[str, str, str, str, str], ...] = (

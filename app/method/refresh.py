@@ -1,6 +1,6 @@
 """The refresh of a calibration from feedback, and its guard (DESIGN §2.8): pure arithmetic.
 
-The service (``app.service.online``) and the streaming evaluation (``app.eval.stream``)
+The service (``app.service.online``) and the streaming evaluation (``lad_lab.eval.stream``)
 both decide here, so what the evaluation measures is what the service does.
 """
 

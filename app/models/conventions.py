@@ -1,7 +1,7 @@
 """What a transformers config says about its images and layers, read by convention.
 
 The generic adapter (``app.models.generic``), the registry's load-time refusal and the tiny
-builds (``app.testing``) read a config the same way, here: the image placeholder's id, the
+builds (``lad_lab.testing``) read a config the same way, here: the image placeholder's id, the
 delimiter fields around an image, why a config cannot be served, and which layers are
 whole-prompt softmax layers (Λ's candidates). Nothing here names a family.
 """

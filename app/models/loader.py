@@ -26,11 +26,10 @@ from transformers import AutoConfig
 from app.engine.identity import served_name
 from app.engine.runner import Runner
 from app.models import hub_access
+from app.models.demo_model import DEMO_MODEL_DIR
 from app.models.registry import UnsupportedModelError, adapter_for
 
 log = logging.getLogger("lad.model")
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo" / "model"
 
 _DTYPES = {
     "float32": torch.float32,

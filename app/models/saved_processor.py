@@ -4,7 +4,7 @@ Many processors of the mapping carry a video processor, and every video processo
 transformers needs torchvision, which the service does not install; no video is ever sent.
 Such a checkpoint's processor is rebuilt as the class it names (``processor_class``) from
 its saved tokenizer and image processor, with a plain ``BaseVideoProcessor`` standing in
-for the video side. The tiny builds (``app.testing``) make their processors the same way.
+for the video side. The tiny builds (``lad_lab.testing``) make their processors the same way.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.demo.world import RetrievalExample, make_items
 from app.main import create_app
 from app.settings import Settings
 from calibration_store import ProfileStore, open_store
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import calibration_body
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from typing import Any
 
 from PIL import Image
 
-from app.demo.world import RetrievalExample
+from lad_lab.demo.world import RetrievalExample
 
 
 def png_bytes(image: Image.Image) -> bytes:

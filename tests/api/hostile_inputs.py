@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app.testing import hostile
+from lad_lab.testing import hostile
 
 ADMIN = "admin-secret"
 

@@ -183,8 +183,8 @@ def test_retry_after_reads_seconds_and_http_dates():
 
 def test_client_reranks_and_calibrates_every_n(live_server):
     """LadClient and AsyncLadClient against a running server: calibrate n="all", rerank."""
-    from app.demo.world import make_items
     from lad_client.types import RerankResponse
+    from lad_lab.demo.world import make_items
 
     server = live_server()
     wide = make_items(2, n_candidates=4, setting="random", seed="calibration", image_size=56)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from cohere.core.api_error import ApiError
 
-from app.demo.world import RetrievalExample
+from lad_lab.demo.world import RetrievalExample
 from tests.api.helpers import data_url
 
 TOKEN = "cohere-test-token"

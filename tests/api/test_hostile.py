@@ -15,7 +15,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from app.testing import hostile
+from lad_lab.testing import hostile
 from tests.api.helpers import retrieve_body
 from tests.api.hostile_inputs import (
     ADMIN,

@@ -21,7 +21,7 @@ import pytest
 from app import errors
 from app.api import bodies
 from app.observability.logs import WarningLimiter, configure_logging
-from app.testing import hostile
+from lad_lab.testing import hostile
 from tests.api.helpers import retrieve_body
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.method import debias
-from app.testing.tiny_models import DEEP_LAYERS, tiny_runner
+from lad_lab.testing.tiny_models import DEEP_LAYERS, tiny_runner
 from tests.api.helpers import retrieve_body
 from tests.api.test_sink_guard import SinkRunner
 

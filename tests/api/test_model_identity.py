@@ -20,11 +20,11 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
-from app.demo.world import make_items
 from app.main import create_app
 from app.models.loader import DEMO_MODEL_DIR
 from app.settings import Settings
 from calibration_store import FileProfileStore, ProfileKey
+from lad_lab.demo.world import make_items
 from tests.api.helpers import calibration_body, retrieve_body
 
 ITEM = make_items(1, n_candidates=3, seed="eval")[0]

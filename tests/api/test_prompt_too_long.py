@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from app.demo.world import RetrievalExample
 from app.engine.interface import RetrievalItem
+from lad_lab.demo.world import RetrievalExample
 from tests.api.helpers import b64, retrieve_body
 
 torch.set_num_threads(1)

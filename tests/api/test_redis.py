@@ -83,7 +83,7 @@ def test_two_replicas_share_calibrations_within_2_s(
 
 def test_every_n_calibration_reaches_another_replica(make_client, redis_prefix):
     """n = all on replica A (one Lua script for every N); replica B reranks with them."""
-    from app.demo.world import make_items
+    from lad_lab.demo.world import make_items
     from tests.api.helpers import b64, calibration_body
 
     a = _replica(make_client, redis_prefix)

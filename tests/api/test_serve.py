@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.testing.tiny_models import build_tiny
+from lad_lab.testing.tiny_models import build_tiny
 from tests.api.helpers import retrieve_body
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -166,9 +166,13 @@ def test_dockerignore_keeps_exactly_the_wheel_inputs(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
         "app/main.py",
-        "app/demo/model/model.safetensors",
+        "app/models/demo/model.safetensors",
         "calibration_store/__init__.py",
         "lad_client/__init__.py",
         "lad_client/types/retrieve.py",
         "lad_client/py.typed",
     } <= names
+    # the image carries the service only: the demo model's files, never the lab
+    demo = {f"app/models/demo/{f.name}" for f in (ROOT / "app" / "models" / "demo").iterdir()}
+    assert len(demo) == 9 and demo <= names, demo - names
+    assert not [n for n in names if n.startswith("lad_lab")]

@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.bench.live import free_port
-from app.demo.world import make_items
 from lad_client import LadClient
+from lad_lab.bench.live import free_port
+from lad_lab.demo.world import make_items
 from tests.api.helpers import metric_value
 from tests.deploy.conftest import dockerfile_instructions, dockerfile_uid, run, tool
 

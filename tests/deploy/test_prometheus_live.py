@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from app.bench.live import free_port
-from app.demo.world import make_items
+from lad_lab.bench.live import free_port
+from lad_lab.demo.world import make_items
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.deploy.conftest import PROMETHEUS, tool
 from tests.deploy.test_prometheus_rules import ALERTS, RECORDING, dashboard

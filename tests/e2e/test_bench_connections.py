@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_connections_bench_reports_every_class_and_ordinary_requests_get_through(tmp_path):
-    from app.bench.connections import main
+    from lad_lab.bench.connections import main
 
     out = tmp_path / "connections.json"
     assert (

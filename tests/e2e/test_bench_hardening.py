@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_soak_reports_minutes_errors_and_memory(tmp_path):
-    from app.bench.soak import main
+    from lad_lab.bench.soak import main
 
     out = tmp_path / "soak.json"
     assert (
@@ -38,7 +38,7 @@ def test_soak_reports_minutes_errors_and_memory(tmp_path):
 
 
 def test_memory_bench_reports_peak_and_held_memory(tmp_path):
-    from app.bench.memory import main
+    from lad_lab.bench.memory import main
 
     out = tmp_path / "memory.json"
     assert main(["--side", "1024", "--settle-s", "0.5", "--out", str(out)]) == 0
@@ -55,7 +55,7 @@ def test_memory_bench_reports_peak_and_held_memory(tmp_path):
 
 
 def test_hardening_bench_answers_every_hostile_class_with_a_4xx(tmp_path):
-    from app.bench.hardening import main
+    from lad_lab.bench.hardening import main
 
     out = tmp_path / "hardening.json"
     assert (

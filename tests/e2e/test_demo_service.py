@@ -12,12 +12,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.demo.world import make_items
 from app.main import create_app
 from app.method.debias import rotate, rotated_position
 from app.settings import Settings
 from calibration_store import open_store
 from lad_client import LadClient
+from lad_lab.demo.world import make_items
 
 N = 4
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.demo.world import make_items
 from lad_client import AsyncLadClient, LadError
+from lad_lab.demo.world import make_items
 from tests.live import LiveService
 
 

@@ -7,8 +7,10 @@ service, so it installs alone); the method math on arrays (app.method); the prof
 and stores (below the engine, which stamps a profile's fingerprint); the torch runtime
 (app.engine); the model families; the service's building blocks (settings, errors, the
 byte budget, decode); observability (metrics, request metrics, collectors, logs); the
-service; the HTTP routes; above them the demo and the test models, then the evaluation and
-the benchmarks; the entry points; the developer tools outside the package. Every import,
+service; the HTTP routes; above them the lab, a package of its own (lad_lab: the demo's
+world and training and the test models, then the evaluation and the benchmarks), which the
+service never imports; the entry points (app.cli names the lab's modules, imported only
+when one of its commands runs); the developer tools outside the packages. Every import,
 lazy ones inside functions included, is an edge.
 """
 
@@ -21,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = (ROOT, ROOT / "clients" / "python")
-"""Where the packages live: app and calibration_store at the top, lad_client under clients/."""
+"""Where the packages live: app, calibration_store and lad_lab at the top, lad_client under
+clients/."""
 LAYERS: list[tuple[str, ...]] = [
     ("lad_client",),
     ("app.method",),
@@ -37,8 +40,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.observability",),
     ("app.service",),
     ("app.api",),
-    ("app.demo", "app.testing"),
-    ("app.eval", "app.bench"),
+    ("lad_lab.demo", "lad_lab.testing"),
+    ("lad_lab.eval", "lad_lab.bench"),
     ("app.main", "app.serve", "app.cli"),
     ("tools",),  # developer tools (the generated documentation blocks), never imported by app
 ]
@@ -53,6 +56,7 @@ def _modules() -> dict[str, Path]:
     packages = [
         (ROOT, "app"),
         (ROOT, "calibration_store"),
+        (ROOT, "lad_lab"),
         (ROOT, "tools"),
         (SOURCE_ROOTS[1], "lad_client"),
     ]
@@ -79,7 +83,7 @@ def _layer(module: str) -> int:
     for rank, prefixes in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return rank
-    if module in ("app", "app.api.routes"):
+    if module in ("app", "app.api.routes", "lad_lab"):  # package docstrings only
         return len(LAYERS)
     raise AssertionError(f"{module} belongs to no layer; add it to LAYERS")
 
@@ -125,6 +129,27 @@ def test_no_import_cycle() -> None:
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+SERVICE = ("app", "calibration_store", "lad_client")
+"""The packages the wheel and the image carry; none of them imports the lab."""
+
+
+def test_the_service_never_imports_the_lab() -> None:
+    """No module of the service imports lad_lab, lazily or not; the lab layers above the
+    service, so the layer test already forbids it below the entry points, and this holds
+    the entry points too (app.main, app.serve; app.cli names the lab's modules as strings,
+    imported only when a lab command runs)."""
+    modules = _modules()
+    found = sorted(
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        if name.split(".")[0] in SERVICE
+        for target in _imported_names(path)
+        if target == "lad_lab" or target.startswith("lad_lab.")
+    )
+    assert not found, found
+    assert any(name.startswith("lad_lab.") for name in modules), "the lab was not scanned"
 
 
 def _file_of(prefix: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from app.bench.cache import zipf_stream
+from lad_lab.bench.cache import zipf_stream
 
 
 def test_the_stream_draws_distinct_candidates_with_zipf_popularity() -> None:

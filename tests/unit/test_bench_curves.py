@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.bench.curves import METHODS, Methods, points, render
-from app.bench.curves_plot import draw, series
+from lad_lab.bench.curves import METHODS, Methods, points, render
+from lad_lab.bench.curves_plot import draw, series
 
 
 def _record() -> dict:

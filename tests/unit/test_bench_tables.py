@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from app.bench.service_details import (
+from lad_lab.bench.service_details import (
     FIXED_STAGES,
     SERVER_STAGES,
     server_timing_ms,

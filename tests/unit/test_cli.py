@@ -85,14 +85,14 @@ def test_command_help_imports_no_torch_and_shows_defaults(command: str) -> None:
 
 
 def test_lad_help_lists_the_subcommands_that_modules_dispatch() -> None:
-    """`lad eval rerank` is dispatched by app.eval.cli too; the overview names it."""
-    assert "eval rerank" in COMMANDS and COMMANDS["eval rerank"][0] == "app.eval.rerank"
+    """`lad eval rerank` is dispatched by lad_lab.eval.cli too; the overview names it."""
+    assert "eval rerank" in COMMANDS and COMMANDS["eval rerank"][0] == "lad_lab.eval.rerank"
     assert "lad eval rerank" in lad("--help").stdout
 
 
 def test_boolean_options_are_flags_that_still_take_a_value() -> None:
-    from app.eval.cli import config_from
     from app.serve import build_parser, settings_from
+    from lad_lab.eval.cli import config_from
 
     assert settings_from(["--trust-remote-code"]).trust_remote_code is True
     assert settings_from(["--trust-remote-code", "false"]).trust_remote_code is False
@@ -147,3 +147,51 @@ def test_each_exit_status_is_documented_in_the_help_and_the_operations_page() ->
     for code, text in EXIT_CODES.items():
         assert f"{code} {text}" in shown
     assert exit_codes.main(["--check"]) == 0, "run `python -m tools.docs exits --write`"
+
+
+LAB_COMMANDS = sorted(c for c, (module, _) in COMMANDS.items() if module.startswith("lad_lab."))
+
+
+def test_every_command_but_serve_is_the_labs() -> None:
+    assert len(COMMANDS) == 17
+    assert [c for c in COMMANDS if c not in LAB_COMMANDS] == ["serve"]
+
+
+@pytest.mark.parametrize("missing", ["matplotlib", "lad_lab"])
+@pytest.mark.parametrize("command", ["eval", "bench engine", "demo train", "model tiny"])
+def test_a_lab_command_without_the_lab_says_which_extra_in_one_line(
+    command: str, missing: str, monkeypatch, capsys
+) -> None:
+    """A serving install (no lad_lab, or no matplotlib of the `lab` extra): one line, exit 2,
+    no traceback; `lad serve` is not affected."""
+    from app.cli import main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import matplotlib` now raises
+    with pytest.raises(ModuleNotFoundError):
+        __import__(missing)
+    assert main([*command.split(), "--help"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        f"lad {command} needs the lab: pip install 'lad-serve[lab]' "
+        "(scripts/dev setup dev installs it)"
+    ), err
+    assert repr(missing) in err
+    assert main(["serve", "--help"]) == 0
+    assert "usage: lad serve" in capsys.readouterr().out
+
+
+def test_the_lab_modules_are_the_lab_extra() -> None:
+    """app.cli.LAB_MODULES (what a lab command looks for) names the `lab` extra of
+    pyproject.toml, whose packages the service's own dependencies do not list."""
+    import tomllib
+
+    from app.cli import LAB_MODULES
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = [re.split(r"[<>=!~ \[]", r)[0] for r in project["optional-dependencies"]["lab"]]
+    assert sorted(LAB_MODULES) == sorted(["lad_lab", *(e.replace("-", "_") for e in extra)])
+    service = {re.split(r"[<>=!~ \[]", r)[0] for r in project["dependencies"]}
+    assert not service & set(extra), service & set(extra)
+    assert "lad-serve[lab,redis]" in project["optional-dependencies"]["dev"]

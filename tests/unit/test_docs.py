@@ -147,11 +147,12 @@ def test_hints_name_the_projects_own_set_up_command() -> None:
     locked dev dependencies), not an editable pip install the project does not use."""
     hints = [
         f"{path.relative_to(ROOT)}"
-        for path in (ROOT / "app").rglob("*.py")
+        for package in ("app", "lad_lab")
+        for path in (ROOT / package).rglob("*.py")
         if 'pip install -e ".[dev]"' in path.read_text()
     ]
     assert hints == []
-    assert "scripts/dev setup" in (ROOT / "app" / "testing" / "qwen_vocab.py").read_text()
+    assert "scripts/dev setup" in (ROOT / "lad_lab" / "testing" / "qwen_vocab.py").read_text()
     assert "setup [serve|dev]" in (ROOT / "scripts" / "dev").read_text()
 
 

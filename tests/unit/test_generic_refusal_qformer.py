@@ -5,9 +5,9 @@ from __future__ import annotations
 from transformers import Blip2Config, InstructBlipConfig, LlavaConfig
 
 from app.models.conventions import refusal
-from app.testing._tiny_generic_processor import build_processor
-from app.testing._tiny_generic_shrink import shrink
-from app.testing.tiny_models import random_images
+from lad_lab.testing._tiny_generic_processor import build_processor
+from lad_lab.testing._tiny_generic_shrink import shrink
+from lad_lab.testing.tiny_models import random_images
 
 
 def test_q_former_models_are_refused_as_one_image_per_prompt() -> None:

@@ -12,7 +12,7 @@ from transformers import (
     LlavaConfig,
 )
 
-from app.testing._tiny_generic_defaults import (
+from lad_lab.testing._tiny_generic_defaults import (
     CODEBOOK,
     CONV_WIDTH,
     fill_unset,
@@ -20,7 +20,7 @@ from app.testing._tiny_generic_defaults import (
     shrink_channel_lists,
     shrink_conv_towers,
 )
-from app.testing._tiny_generic_fields import config_tree
+from lad_lab.testing._tiny_generic_fields import config_tree
 
 
 def _apertus1p5() -> transformers.PretrainedConfig:

@@ -4,7 +4,7 @@ limits    docs/api.md "Limits and errors" (the settings and the error table)
 families  docs/models.md family table (the adapter registry)
 bench     docs/benchmarks.md tables (the JSON records under bench/results/)
 exits     docs/operations.md table of `lad serve` exit statuses (app.serve.EXIT_CODES)
-matrix    docs/models.md model matrix (app/testing/model_matrix.json)
+matrix    docs/models.md model matrix (lad_lab/testing/model_matrix.json)
 stages    docs/design.md stage table (app.service.pipeline.STAGES)
 all       every block above, with the same flag
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.bench.engine_cells import Cell, spread
-from app.bench.engine_cells import render as render_engine
-from app.bench.service_details import Detail, render_details
-from app.bench.service_levels import LevelResult, render_table
 from app.cli_help import command_parser
+from lad_lab.bench.engine_cells import Cell, spread
+from lad_lab.bench.engine_cells import render as render_engine
+from lad_lab.bench.service_details import Detail, render_details
+from lad_lab.bench.service_levels import LevelResult, render_table
 from tools.docs import figures
 from tools.docs.blocks import DOCS, ROOT, add_flags, replace_block, sync
 
@@ -237,7 +237,7 @@ def _overhead(results: Path) -> str | None:
 
 def _curves(results: Path) -> str | None:
     """``lad bench curves``' records: each one's table and its figure (docs/images/)."""
-    from app.bench.curves import render as render_curves
+    from lad_lab.bench.curves import render as render_curves
 
     records = [(p, r) for p in sorted(results.glob("curves_*.json")) if (r := _load(p))]
     parts = [

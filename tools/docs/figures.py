@@ -14,7 +14,7 @@ the records, so a sentence cannot keep a number its record no longer holds.
   the greatest (``0.959–0.987``; one value when they agree at that precision), ``max.0e``
   or ``min.1f`` for one of them, ``count`` for how many there are, ``mean.3f`` for their
   mean, ``ci95.3f`` for the 95 % interval of that mean (the evaluation's bootstrap,
-  ``app.eval.stats``: the values, e.g. rounds, resampled).
+  ``lad_lab.eval.stats``: the values, e.g. rounds, resampled).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def render(numbers: list[float], spec: str) -> str:
     if spec.startswith("mean"):
         return format(sum(numbers) / len(numbers), spec.removeprefix("mean"))
     if spec.startswith("ci95"):
-        from app.eval.stats import bootstrap_indices, mean_ci
+        from lad_lab.eval.stats import bootstrap_indices, mean_ci
 
         low, high = mean_ci(numbers, bootstrap_indices(len(numbers)))
         number = spec.removeprefix("ci95")

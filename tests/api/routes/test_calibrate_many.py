@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.demo.world import RetrievalExample, make_items
 from app.method.calibrate import calibration_instances, example_of_size
 from calibration_store import StoreUnavailable, open_store
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import calibration_body, retrieve_body
 
 

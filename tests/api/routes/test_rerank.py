@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.demo.world import RetrievalExample, make_items
 from app.method.tournament import window_sizes
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import b64, calibration_body, multipart_files, retrieve_body
 
 

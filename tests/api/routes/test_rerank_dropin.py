@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.demo.world import RetrievalExample, make_items
 from lad_client import AsyncLadClient, LadClient, LadError
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import b64, data_url, multipart_files
 
 

@@ -8,11 +8,12 @@ import numpy as np
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from app.demo import train, train_data, world
-from app.demo.processor import build_processor, load_processor
 from app.engine.labels import prompt_text
+from app.models.demo_model import DEMO_MODEL_DIR
+from lad_lab.demo import train, train_data, world
+from lad_lab.demo.processor import build_processor, load_processor
 
-MODEL_DIR = Path(train.__file__).resolve().parent / "model"
+MODEL_DIR = DEMO_MODEL_DIR
 TINY = {
     "text": {
         "hidden_size": 64,

@@ -17,7 +17,7 @@ from app.engine.attention import (
 from app.engine.label_scoring import chain_path, fold_batch
 from app.engine.labels import resolve_labels
 from app.engine.runner import RetrievalItem
-from app.testing.tiny_models import FAMILIES, attention_layers, random_images
+from lad_lab.testing.tiny_models import FAMILIES, attention_layers, random_images
 
 torch.set_num_threads(1)
 

@@ -18,7 +18,7 @@ from app.engine.attention import (
     span_mass,
 )
 from app.engine.runner import RetrievalItem, Runner
-from app.testing.tiny_models import random_images
+from lad_lab.testing.tiny_models import random_images
 
 torch.set_num_threads(1)
 LAYERS = 12

@@ -10,7 +10,7 @@ import torch
 from app.engine.interface import RetrievalItem
 from app.engine.label_scoring import install_label_head, label_head
 from app.engine.labels import resolve_labels
-from app.testing.tiny_models import random_images, tiny_runner
+from lad_lab.testing.tiny_models import random_images, tiny_runner
 from tests.integration.engine.reference import brute_force_scores
 
 

@@ -18,7 +18,7 @@ from app.engine.labels import prompt_hash, resolve_labels
 from app.engine.runner import Runner
 from app.models.loader import load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
-from app.testing.tiny_models import (
+from lad_lab.testing.tiny_models import (
     FAMILIES,
     attention_layers,
     build_tiny,

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from app.engine.interface import RetrievalItem
-from app.eval import cli
-from app.eval.datasets import open_dataset
-from app.eval.harness import EvalConfig, run_evaluation
-from app.eval.metrics import compute_metrics
-from app.eval.protocol import apply_ordering
-from app.eval.records import read_records
 from app.method.calibrate import estimate_calibration
 from app.method.methods import MethodConfig, apply_method
+from lad_lab.eval import cli
+from lad_lab.eval.datasets import open_dataset
+from lad_lab.eval.harness import EvalConfig, run_evaluation
+from lad_lab.eval.metrics import compute_metrics
+from lad_lab.eval.protocol import apply_ordering
+from lad_lab.eval.records import read_records
 from tests.unit.eval.fixtures import tiny_clip, write_coco, write_jsonl, write_world_images
 
 KEYS = {

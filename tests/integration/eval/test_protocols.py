@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from app.eval import cli
-from app.eval.harness import EvalConfig, run_evaluation
-from app.eval.records import read_records
+from lad_lab.eval import cli
+from lad_lab.eval.harness import EvalConfig, run_evaluation
+from lad_lab.eval.records import read_records
 from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 

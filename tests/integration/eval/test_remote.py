@@ -10,13 +10,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.eval.harness import EvalConfig, run_evaluation
-from app.eval.records import read_records
-from app.eval.remote import RemoteBackend
 from app.main import create_app
 from app.settings import Settings
 from calibration_store import open_store
 from lad_client import LadClient
+from lad_lab.eval.harness import EvalConfig, run_evaluation
+from lad_lab.eval.records import read_records
+from lad_lab.eval.remote import RemoteBackend
 
 METHODS = ["vanilla", "pride", "attn_raw", "attn_pure", "agd", "perm_avg"]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from app.eval import cli, reproduce
 from app.models.loader import DEMO_MODEL_DIR
+from lad_lab.eval import cli, reproduce
 from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 ROOT = Path(__file__).resolve().parents[3]

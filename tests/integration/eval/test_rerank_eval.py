@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.eval import cli
-from app.eval import rerank as R
-from app.eval.datasets import open_dataset
-from app.eval.datasets.synthetic import image_size_for
 from app.method.methods import MethodConfig, apply_method
 from app.method.tournament import window_sizes
+from lad_lab.eval import cli
+from lad_lab.eval import rerank as R
+from lad_lab.eval.datasets import open_dataset
+from lad_lab.eval.datasets.synthetic import image_size_for
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_agd_in_a_window_is_the_engine_method(runner):
     dataset = open_dataset("synthetic", image_size=image_size_for(runner))
     item = dataset.items(1, 3, "random", 3003)[0]
     evidence = R.Evidence(runner, 8)
-    from app.eval.datasets import open_image
+    from lad_lab.eval.datasets import open_image
 
     images = [open_image(im) for im in item.images]
     ranking, spent = R.play(evidence, item, images, "vanilla", 3, {}, MethodConfig(), seed=0)

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from app.eval import cli
-from app.eval.datasets import open_dataset
-from app.eval.datasets.simulated import SimulatedBackend
-from app.eval.harness import EvalConfig, run_evaluation
-from app.eval.records import read_records
+from lad_lab.eval import cli
+from lad_lab.eval.datasets import open_dataset
+from lad_lab.eval.datasets.simulated import SimulatedBackend
+from lad_lab.eval.harness import EvalConfig, run_evaluation
+from lad_lab.eval.records import read_records
 
 STAGES = ["vanilla", "pride", "attn_raw", "attn_pure", "agd"]
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.eval import cli
-from app.eval.stream import StreamSetup, _agd, replay
 from app.method.calibrate import CalibrationStats, estimate_from_stats
 from app.method.methods import MethodConfig
+from lad_lab.eval import cli
+from lad_lab.eval.stream import StreamSetup, _agd, replay
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from app.engine.interface import RetrievalItem
 from app.engine.runner import Runner
 from app.models.loader import load_runner
 from app.models.registry import adapter_for
-from app.testing.tiny_models import build_tiny, random_images
+from lad_lab.testing.tiny_models import build_tiny, random_images
 
 accelerate = pytest.importorskip("accelerate")  # a dev dependency; the multi-gpu extra
 torch.set_num_threads(1)

@@ -21,7 +21,7 @@ import pytest
 from app.engine.encoder_cache import EncoderCache
 from app.engine.runner import RetrievalItem
 from app.method import debias
-from app.testing.tiny_models import random_images
+from lad_lab.testing.tiny_models import random_images
 
 CACHED_FAMILIES = (
     "qwen2_5_vl",

@@ -23,7 +23,7 @@ from app.models.internvl import InternVLAdapter
 from app.models.llava_onevision import LlavaOnevisionAdapter, token_runs
 from app.models.loader import load_runner, make_runner
 from app.models.registry import adapter_for
-from app.testing.tiny_models import build_tiny, random_images
+from lad_lab.testing.tiny_models import build_tiny, random_images
 
 torch.set_num_threads(1)
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from PIL import Image
 
-from app.bench import attention_check
 from app.engine.attention import default_layers, eager_attentions, span_mass
 from app.engine.runner import RetrievalItem, Runner
 from app.models.gemma3 import Gemma3Adapter
 from app.models.idefics3 import Idefics3Adapter, SmolVLMAdapter
 from app.models.loader import load_runner, make_runner
 from app.models.mistral3 import Mistral3Adapter
-from app.testing.tiny_models import build_tiny, random_images, tiny_runner
+from lad_lab.bench import attention_check
+from lad_lab.testing.tiny_models import build_tiny, random_images, tiny_runner
 
 torch.set_num_threads(1)
 

@@ -25,8 +25,8 @@ from app.models.conventions import full_attention_layers, refusal
 from app.models.generic import GenericAdapter
 from app.models.loader import ModelLoadError, load_runner, make_runner
 from app.models.registry import UnsupportedModelError, adapter_for
-from app.testing.matrix import mixed_items
-from app.testing.tiny_models import build_tiny
+from lad_lab.testing.matrix import mixed_items
+from lad_lab.testing.tiny_models import build_tiny
 
 torch.set_num_threads(1)
 
@@ -249,7 +249,7 @@ def test_the_generic_spans_cover_exactly_the_image_tokens(generic_tiny) -> None:
 
 
 def test_bench_attention_lowers_a_side_that_does_not_fit_the_context(tmp_path: Path) -> None:
-    from app.bench import attention_check
+    from lad_lab.bench import attention_check
 
     out = tmp_path / "attention.json"
     argv = ["--models", "tiny-mistral3", "--dtypes", "float32", "--out", str(out)]

@@ -8,7 +8,7 @@ import torch
 from app.engine.runner import RetrievalItem
 from app.method import debias
 from app.models.qwen_inputs import image_sources, install, unique_image_processing
-from app.testing.tiny_models import random_images
+from lad_lab.testing.tiny_models import random_images
 
 
 def test_rotations_of_shared_images_give_the_same_batch_as_copies(shared_runner) -> None:
@@ -129,7 +129,7 @@ def test_decode_gives_the_qwen_processor_its_exact_input_size(shared_runner) -> 
 def test_generation_with_shared_images_equals_copies(shared_runner) -> None:
     """The generation baselines (cot, self-consistency) take the same shared-image path: the
     encoder outputs serve the prompt step, and the decoding steps run without them."""
-    from app.engine.generate import generate_answers
+    from lad_lab.eval.generate import generate_answers
 
     runner = shared_runner("qwen2_5_vl")
     images = random_images(3, seed=1, sizes=[(56, 56)] * 3)

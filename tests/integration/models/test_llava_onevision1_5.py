@@ -11,15 +11,15 @@ import torch
 import transformers.dynamic_module_utils
 
 from app.engine.attention import EAGER_HOOK_CAPTURE, eager_attentions, span_mass
-from app.engine.generate import generate_answers
 from app.engine.interface import RetrievalItem
 from app.models.llava_onevision1_5 import LlavaOneVision15Adapter
 from app.models.loader import ModelLoadError, load_runner
-from app.testing._tiny_llava_onevision1_5 import (
+from lad_lab.eval.generate import generate_answers
+from lad_lab.testing._tiny_llava_onevision1_5 import (
     StandInForConditionalGeneration,
     save_remote_code_checkpoint,
 )
-from app.testing.tiny_models import random_images, tiny_runner
+from lad_lab.testing.tiny_models import random_images, tiny_runner
 
 torch.set_num_threads(1)
 

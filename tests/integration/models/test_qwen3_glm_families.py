@@ -27,7 +27,7 @@ from app.models.loader import load_runner, make_runner
 from app.models.qwen3_5 import Qwen3_5Adapter
 from app.models.qwen3_vl import Qwen3VLAdapter
 from app.settings import Settings
-from app.testing.tiny_models import build_tiny, random_images, tiny_runner
+from lad_lab.testing.tiny_models import build_tiny, random_images, tiny_runner
 from tests.integration.engine.reference import brute_force_scores
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from app.engine.runner import RetrievalItem
 from app.models import qwen_inputs
 from app.models.base import HFAdapter
 from app.models.loader import load_runner
-from app.testing.tiny_models import random_images, tiny_runner
+from lad_lab.testing.tiny_models import random_images, tiny_runner
 
 
 def _assert_same(direct: dict, reference: dict) -> None:

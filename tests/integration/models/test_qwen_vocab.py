@@ -13,8 +13,8 @@ from app.engine.interface import RetrievalItem
 from app.engine.kv_cache import cache_entry
 from app.engine.labels import SCHEMES, resolve_labels
 from app.engine.runner import Runner, chain_path
-from app.testing.qwen_vocab import qwen_tokenizer
-from app.testing.tiny_models import build_tiny, random_images, tiny_runner
+from lad_lab.testing.qwen_vocab import qwen_tokenizer
+from lad_lab.testing.tiny_models import build_tiny, random_images, tiny_runner
 from tests.integration.engine.reference import brute_force_scores
 
 torch.set_num_threads(1)

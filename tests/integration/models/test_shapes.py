@@ -1,4 +1,4 @@
-"""Random models of the released architectures (app.testing.shapes): the recorded values
+"""Random models of the released architectures (lad_lab.testing.shapes): the recorded values
 reach the built model, narrowing keeps depth, heads and token counts, and they run."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from app.engine.runner import RetrievalItem
-from app.testing.shapes import load_shape, narrow, shape_names, shape_runner
-from app.testing.tiny_models import random_images
+from lad_lab.testing.shapes import load_shape, narrow, shape_names, shape_runner
+from lad_lab.testing.tiny_models import random_images
 
 
 def test_every_recorded_shape_names_its_source() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from fastapi.testclient import TestClient
 
-from app.demo.world import make_items
 from app.main import create_app
 from app.settings import Settings
-from app.testing.tiny_models import tiny_runner
 from calibration_store import open_store
+from lad_lab.demo.world import make_items
+from lad_lab.testing.tiny_models import tiny_runner
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.integration.service.tracing import Trace, traced
 

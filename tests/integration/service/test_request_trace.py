@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.demo.world import RetrievalExample, make_items
 from app.main import create_app
 from app.service.pipeline import TIMINGS
 from app.settings import Settings
 from calibration_store import open_store
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.integration.service.tracing import Trace, traced
 

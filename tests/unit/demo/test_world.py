@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.demo import world
+from lad_lab.demo import world
 
 
 def _pixels(image) -> bytes:

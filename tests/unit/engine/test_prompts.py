@@ -13,7 +13,7 @@ from app.engine.labels import (
     resolve_labels,
 )
 from app.engine.runner import RetrievalItem
-from app.testing.tiny_models import random_images
+from lad_lab.testing.tiny_models import random_images
 
 VANILLA_N4 = (
     "Given 4 images indexed from 1 to 4, identify the image that best matches the provided "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.demo import world
+from lad_lab.demo import world
 
 
 def write_world_images(folder: Path, count: int, seed: int = 0) -> list[tuple[str, str]]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.eval.config import EvalConfig
 from app.method.calibrate import estimate_calibration
 from app.method.methods import apply_method
+from lad_lab.eval.config import EvalConfig
 
 N, LAYERS, M = 4, 5, 5
 EPS = 1e-20

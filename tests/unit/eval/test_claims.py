@@ -1,5 +1,5 @@
 """The demo and simulation figures the docs state are the pooled figures of their results
-files: ``python -m app.eval.claims --check`` finds every block up to date, and a block
+files: ``python -m lad_lab.eval.claims --check`` finds every block up to date, and a block
 edited by hand is found stale."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from app.eval import claims
+from lad_lab.eval import claims
 
 
 def test_every_docs_block_matches_its_results_file() -> None:

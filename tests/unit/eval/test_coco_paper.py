@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.eval.datasets import InputError, open_dataset
-from app.eval.datasets.clip import clip_embeddings, clip_text_embeddings
-from app.eval.datasets.coco import read_coco
-from app.eval.datasets.coco_paper import AuthorsPool
+from lad_lab.eval.datasets import InputError, open_dataset
+from lad_lab.eval.datasets.clip import clip_embeddings, clip_text_embeddings
+from lad_lab.eval.datasets.coco import read_coco
+from lad_lab.eval.datasets.coco_paper import AuthorsPool
 from tests.unit.eval.fixtures import tiny_clip, write_coco
 
 N = 4
@@ -102,7 +102,7 @@ def test_calibration_items_skip_the_evaluated_targets(coco) -> None:
 
 
 def test_the_paper_construction_needs_instances_and_is_the_protocols(coco, tmp_path) -> None:
-    from app.eval import cli
+    from lad_lab.eval import cli
 
     captions, images, instances = coco
     with pytest.raises(InputError, match="--instances"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.cli_help import cli_flag
-from app.eval import cli
-from app.eval.config import SECRET_FLAGS, EvalConfig
+from lad_lab.eval import cli
+from lad_lab.eval.config import SECRET_FLAGS, EvalConfig
 
 NOT_OPTIONS = {"command"}
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.demo import world
-from app.eval.datasets import check_disjoint, open_dataset
-from app.eval.datasets.base import EvalItem, ImagePool, PoolImage, caption_similarity
-from app.eval.datasets.coco import read_coco
-from app.eval.datasets.flickr import read_flickr
+from lad_lab.demo import world
+from lad_lab.eval.datasets import check_disjoint, open_dataset
+from lad_lab.eval.datasets.base import EvalItem, ImagePool, PoolImage, caption_similarity
+from lad_lab.eval.datasets.coco import read_coco
+from lad_lab.eval.datasets.flickr import read_flickr
 from tests.unit.eval.fixtures import tiny_clip, write_coco, write_jsonl, write_world_images
 
 
@@ -126,7 +126,7 @@ def test_synthetic_items_and_seeds() -> None:
 
 
 def test_clip_embeddings_are_cached_as_npy(tmp_path: Path, monkeypatch) -> None:
-    from app.eval.datasets import clip
+    from lad_lab.eval.datasets import clip
 
     model = tiny_clip(tmp_path / "clip")
     paths = []
@@ -188,7 +188,7 @@ def test_paper_rule_text_cosine_and_category_containment(tmp_path: Path) -> None
 
 
 def test_clip_text_embeddings_from_a_local_clip(tmp_path: Path) -> None:
-    from app.eval.datasets import clip
+    from lad_lab.eval.datasets import clip
 
     model = tiny_clip(tmp_path / "clip")
     texts = ["a red circle", "a blue star", "a red circle"]

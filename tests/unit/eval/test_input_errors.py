@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.eval import cli
+from lad_lab.eval import cli
 from tests.unit.eval.fixtures import write_coco, write_jsonl
 
 

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from app.eval import protocol, stats
-from app.eval.metrics import compute_metrics
-from app.eval.records import make_record
+from lad_lab.eval import protocol, stats
+from lad_lab.eval.metrics import compute_metrics
+from lad_lab.eval.records import make_record
 
 
 def test_balanced_orderings_put_every_image_at_every_position_equally() -> None:
@@ -192,9 +192,9 @@ def test_incomplete_records_are_refused() -> None:
 
 
 def test_a_constant_predictor_has_a_degenerate_ci_and_recall_cis() -> None:
-    from app.eval.metrics import compute_metrics
-    from app.eval.records import make_record
-    from app.eval.report import _ci
+    from lad_lab.eval.metrics import compute_metrics
+    from lad_lab.eval.records import make_record
+    from lad_lab.eval.report import _ci
 
     n, records = 4, []
     for item in range(6):

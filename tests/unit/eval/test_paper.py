@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.engine.labels import cot_prompt_text
-from app.eval.paper import (
+from lad_lab.eval.paper import (
     OURS,
     PAPER,
     PERM_AVG_STREAM,

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.eval.harness import EvalConfig
-from app.eval.protocol_record import model_depth, resolve_layers, tile_budget
+from lad_lab.eval.harness import EvalConfig
+from lad_lab.eval.protocol_record import model_depth, resolve_layers, tile_budget
 
 
 def test_tile_budget_caps_a_tiling_processor_for_one_run() -> None:

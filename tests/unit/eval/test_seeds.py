@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from app.eval import cli
-from app.eval.seeds import render, resummarise, summarise
+from lad_lab.eval import cli
+from lad_lab.eval.seeds import render, resummarise, summarise
 
 
 def _metrics(acc: float, diff: float, ci: list[float]) -> dict:

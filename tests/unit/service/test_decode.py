@@ -15,7 +15,7 @@ from app.service.decode import Decoder, check_header, sniff_format, target_size
 from app.service.decode import decoder as decode
 from app.service.decode import headers as image_headers
 from app.settings import Settings
-from app.testing import hostile
+from lad_lab.testing import hostile
 
 BUDGET = 56 * 56
 

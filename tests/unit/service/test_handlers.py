@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from app import errors
-from app.demo.world import RetrievalExample, make_items
 from app.observability.metrics import Metrics
 from app.service import Service
 from app.service.pipeline import STAGES, TIMINGS, Context, Handler
@@ -25,6 +24,7 @@ from lad_client.types import (
     RerankRequest,
     RetrieveOptions,
 )
+from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import b64, calibration_body, png_bytes
 
 

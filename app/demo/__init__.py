@@ -1,1 +1,0 @@
-"""The bundled demo model: synthetic world, training recipe and shipped weights."""
