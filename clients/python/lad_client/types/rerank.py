@@ -135,7 +135,8 @@ class RerankRequest(RerankOptions):
     def ignored(self) -> list[str]:
         """The fields sent that change nothing: the well-known ones declared here, then
         any other, in the order sent (names as sent: escape them before logging)."""
-        declared = [f for f in IGNORED_RERANK_FIELDS if f in self.model_fields_set]
+        sent = self.model_fields_set  # extra fields included
+        declared = [f for f in type(self).model_fields if f in IGNORED_RERANK_FIELDS and f in sent]
         return [*declared, *(self.model_extra or {})]
 
 
