@@ -194,9 +194,10 @@ def test_error_body_carries_what_each_client_reads(
     client = make_client(retrieve_token="t" * 20)
     auth = {"Authorization": "Bearer " + "t" * 20}
     bad_image = {**rerank_body(items[0]), "documents": ["bm90IGFuIGltYWdl"]}
+    invalid = "invalid_request_error"
     cases = [
-        ({"json": bad_image, "headers": auth}, 400, "invalid_image", "invalid_request_error"),
-        ({"json": {"query": "q"}, "headers": auth}, 422, "invalid_request", "invalid_request_error"),
+        ({"json": bad_image, "headers": auth}, 400, "invalid_image", invalid),
+        ({"json": {"query": "q"}, "headers": auth}, 422, "invalid_request", invalid),
         ({"json": rerank_body(items[0])}, 401, "unauthorized", "authentication_error"),
         (
             {"json": rerank_body(items[0]), "headers": {"Authorization": "Bearer nope"}},
@@ -221,9 +222,7 @@ def test_error_body_carries_what_each_client_reads(
             assert error["request_id"] == r.headers["x-request-id"]
             assert body["message"] == error["message"] and error["message"]
             if status == 422:
-                assert body["detail"] == [
-                    {"loc": ["body"], "msg": error["message"], "type": code}
-                ]
+                assert body["detail"] == [{"loc": ["body"], "msg": error["message"], "type": code}]
             else:
                 assert body["detail"] == error["message"]
     r = client.get("/v1/nowhere")
