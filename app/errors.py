@@ -124,7 +124,7 @@ class TooManyImages(ServiceError):
 
 class TooFewImages(ServiceError):
     code, status = "too_few_images", 422
-    meaning = "fewer than 2 candidate images"
+    meaning = "fewer than 2 candidate images (retrieve, calibrate); no document (rerank)"
 
 
 class InvalidQuery(ServiceError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,11 @@ from typing import Any
 from PIL import Image
 
 from app.demo.world import RetrievalExample, make_items
+
+# Nothing leaves the machine: LiteLLM reads its bundled price map instead of fetching one at
+# import, Haystack sends no usage telemetry.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 
 def data_url(image: Image.Image) -> str:
