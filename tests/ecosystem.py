@@ -21,7 +21,7 @@ from typing import Any
 
 from PIL import Image
 
-from app.demo.world import RetrievalExample, make_items
+from lad_lab.demo.world import RetrievalExample, make_items
 
 # Nothing leaves the machine: LiteLLM reads its bundled price map instead of fetching one at
 # import, Haystack sends no usage telemetry.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.demo.world import RetrievalExample
+from lad_lab.demo.world import RetrievalExample
 from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 from tests.api.helpers import b64, data_url, multipart_files, retrieve_body
 
