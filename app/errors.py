@@ -124,7 +124,7 @@ class TooManyImages(ServiceError):
 
 class TooFewImages(ServiceError):
     code, status = "too_few_images", 422
-    meaning = "fewer than 2 candidate images"
+    meaning = "fewer than 2 candidate images (retrieve, calibrate); no document (rerank)"
 
 
 class InvalidQuery(ServiceError):
@@ -351,18 +351,59 @@ def translate(exc: BaseException) -> ServiceError | None:
     return None
 
 
-def error_body(code: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+_STATUS_OF: dict[str, int] = {cls.code: cls.status for cls in ERRORS}
+"""Each code's HTTP status (a code outside the table is a 500)."""
+
+ERROR_TYPES: dict[int, str] = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+"""OpenAI's error class by HTTP status (``error.type``; vLLM answers in OpenAI's shape):
+these, else ``invalid_request_error`` for a 4xx and ``server_error`` for a 5xx."""
+
+
+def error_type(status: int) -> str:
+    """``error.type`` of an answer with HTTP ``status``."""
+    return ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(
+    code: str, message: str, request_id: str | None = None, status: int | None = None
+) -> dict[str, Any]:
+    """The one error envelope: ours under ``error`` (code, message, type, request_id), the
+    message again where other rerank APIs' clients look for it: ``message`` (Cohere's
+    SDK), ``detail`` (Jina's clients, LlamaIndex's JinaRerank; FastAPI's shape: on 422 a
+    list of one ``{"loc", "msg", "type"}`` item, which Infinity's client parses).
+    ``status`` defaults to the code's own (the error table)."""
     message = clip(message, MAX_MESSAGE_CHARS)
-    return {"error": {"code": code, "message": message, "request_id": request_id}}
+    status = status if status is not None else _STATUS_OF.get(code, 500)
+    detail: str | list[dict[str, Any]] = message
+    if status == 422:
+        detail = [{"loc": ["body"], "msg": message, "type": code}]
+    return {
+        "error": {
+            "code": code,
+            "message": message,
+            "type": error_type(status),
+            "request_id": request_id,
+        },
+        "message": message,
+        "detail": detail,
+    }
 
 
-def error_response(error: ServiceError, request_id: str | None = None) -> JSONResponse:
+def error_response(
+    error: ServiceError, request_id: str | None = None, status: int | None = None
+) -> JSONResponse:
+    """The answer for ``error`` (``status``: its own unless given)."""
     headers = dict(error.headers)
     if request_id:
         headers.setdefault("X-Request-ID", request_id)
+    status = status if status is not None else status_of(error)
     return JSONResponse(
-        error_body(error.code, error.message, request_id),
-        status_code=status_of(error),
+        error_body(error.code, error.message, request_id, status),
+        status_code=status,
         headers=headers,
     )
 
@@ -446,9 +487,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 )
         elif exc.status_code == 404 and detail == "Not Found":
             error.message = f"no route {clip(request.method)} {clip(request.url.path)}"
-        response = error_response(error, _request_id(request))
-        response.status_code = exc.status_code
-        return response
+        return error_response(error, _request_id(request), exc.status_code)
 
     for exc_type in (
         ServiceError,

@@ -30,6 +30,7 @@ def form_schema(model: type[BaseModel], files_field: str) -> dict[str, Any]:
     list (``labels``) as one text, a JSON list or a comma list (what the form reader parses)."""
     schema = copy.deepcopy(model.model_json_schema())
     schema.pop("examples", None)
+    schema["additionalProperties"] = False  # the form reader refuses unknown fields (422)
     properties = schema["properties"]
     for name, prop in properties.items():
         if name == files_field:  # the bounds of its list (its array alternative, if any)

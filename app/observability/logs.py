@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
@@ -61,6 +61,7 @@ class RequestRecord:
     labels: str | None = None
     version: int | None = None
     previous_version: int | None = None
+    ignored_fields: str | None = None  # rerank: the fields sent that change nothing, escaped
 
     def fields(self) -> dict[str, Any]:
         """The set fields (None and the unused fallback flag left out)."""
@@ -87,6 +88,19 @@ def note(**fields: Any) -> None:
         if not hasattr(record, name):
             raise AttributeError(f"RequestRecord has no field {name!r}")
         setattr(record, name, value)
+
+
+MAX_NAMED = 16
+"""Most client-chosen names (ignored fields) one log line lists; the rest are counted."""
+
+
+def escaped_names(names: Sequence[str], most: int = MAX_NAMED) -> str:
+    """Names a client chose, for a log line: each as a quoted ASCII literal (control,
+    non-ASCII and bidirectional characters escaped, so a name can neither forge a line nor
+    read otherwise than it is) cut to 64 characters, at most ``most`` of them."""
+    shown = ", ".join(ascii(clip(name, 64)) for name in names[:most])
+    more = len(names) - most
+    return shown + (f" (and {more} more)" if more > 0 else "")
 
 
 @contextmanager

@@ -50,6 +50,7 @@ from app.observability.collectors import (
     package_version,
     register_runtime,
 )
+from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 
 prometheus_client.disable_created_metrics()
 
@@ -182,6 +183,16 @@ class Metrics:
             buckets=_IMAGE_BUCKETS,
             registry=r,
         )
+        self.rerank_ignored_fields = Counter(
+            "lad_rerank_ignored_fields",
+            "Fields of rerank requests accepted and ignored (other APIs' options that change "
+            "nothing for an image ranking), by field: a well-known name "
+            "(lad_client.vocabulary.IGNORED_RERANK_FIELDS) or other",
+            ["field"],
+            registry=r,
+        )
+        for name in (*IGNORED_RERANK_FIELDS, "other"):
+            self.rerank_ignored_fields.labels(field=name)
         self.prompt_tokens = Histogram(
             "lad_prompt_tokens",
             "Tokens of one forward prompt per retrieve request, images included",

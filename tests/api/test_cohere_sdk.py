@@ -100,6 +100,7 @@ def test_cohere_clients_see_the_services_errors(server: Any, items: list[Retriev
         intruder.rerank(model=model, query=item.query, documents=documents)
     assert refused.value.status_code == 403
     v1 = cohere.Client(api_key=TOKEN, base_url=server.url, timeout=120)
-    with pytest.raises(ApiError) as too_few:
-        v1.rerank(model=model, query=item.query, documents=documents[:1])
-    assert too_few.value.status_code == 422
+    with pytest.raises(ApiError) as not_an_image:
+        v1.rerank(model=model, query=item.query, documents=[*documents[:1], "bm90IGFuIGltYWdl"])
+    assert not_an_image.value.status_code == 400
+    assert "documents[1] is not a readable image" in not_an_image.value.body["message"]

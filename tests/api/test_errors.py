@@ -14,7 +14,9 @@ from tests.api.helpers import FaultyRunner, b64, calibration_body, multipart_fil
 def _error(response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
+    assert set(body) == {"error", "message", "detail"}
+    assert set(body["error"]) == {"code", "message", "type", "request_id"}
+    assert body["message"] == body["error"]["message"]  # where Cohere's clients read it
     assert body["error"]["code"] == code
     assert body["error"]["message"]
     assert body["error"]["request_id"] == response.headers["x-request-id"]

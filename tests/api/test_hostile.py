@@ -395,7 +395,7 @@ def test_hostile_input(make_client, items, name: str) -> None:
     assert "x-request-id" in response.headers
     if case.status >= 400:
         error = response.json()["error"]
-        assert set(error) == {"code", "message", "request_id"}
+        assert set(error) == {"code", "message", "type", "request_id"}
         assert case.code is None or error["code"] == case.code, error
         assert error["request_id"] == response.headers["x-request-id"]
         assert not re.search(r"0x[0-9a-f]{6}|Traceback|BytesIO", error["message"]), error

@@ -76,6 +76,11 @@ FIXED: tuple[tuple[str, str, str], ...] = (
         "400 `bad_request`, connection closed",
     ),
     ("N (images per request, any setting)", f"2 .. {MAX_N}", "422 `invalid_request`"),
+    (
+        "documents per rerank request (one is answered without a forward pass)",
+        f"1 .. {MAX_N}",
+        "422 `invalid_request`",
+    ),
     ("calibration examples M", f"1 .. {MAX_CALIBRATION_EXAMPLES}", "422 `invalid_request`"),
     (
         "multipart parts",

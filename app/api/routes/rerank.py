@@ -4,6 +4,7 @@ the same handler answers POST /v2/rerank (Cohere's ClientV2) and POST /rerank (v
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from app.api.bodies import read_query_body
 from app.api.deps import RerankDep, SettingsDep
@@ -25,11 +26,17 @@ documents by the round they reached, then by their probability in their last win
 `relevance_score` follows that order across windows (see its description).
 `meta.forward_passes` is what it cost (perm_avg: N passes per window); `usage` sums it up.
 
-The JSON body takes the common rerank shape too (Cohere v1 and v2, Jina, vLLM): `model` (the
-id of GET /v1/models; another is 404 `model_not_found`), `documents` as strings or image
-objects, `top_n`, `return_documents` (each result echoes its document as sent). Images are
-read from the body only: remote URLs are never fetched (400 `invalid_image`). The same call
-answers on POST /v1/rerank, /v2/rerank (Cohere's ClientV2) and /rerank (vLLM's path)."""
+The JSON body takes the common rerank shape too (Cohere v1 and v2, Jina, vLLM, Infinity): `model`
+(the id of GET /v1/models; another is 404 `model_not_found`), `documents` as strings or image
+objects, `top_n` (more than there are documents is clipped), `return_documents` (each result
+echoes its document: a string as `{"text": ...}`, an object as sent; without it results carry
+no `document` key). One document is answered without a forward pass (relevance_score 1.0).
+Fields of other rerank APIs that change nothing here (Cohere's `max_tokens_per_doc`,
+Infinity's `raw_scores`, vLLM's `truncate_prompt_tokens`, any other unknown field) are
+accepted, ignored, counted in `lad_rerank_ignored_fields_total` and named in the request's log
+line; a multipart form stays strict. `usage` carries `prompt_tokens` and `total_tokens`.
+Images are read from the body only: remote URLs are never fetched (400 `invalid_image`). The
+same call answers on POST /v1/rerank, /v2/rerank (Cohere's ClientV2) and /rerank (vLLM's path)."""
 
 
 def _register_everywhere(handler: Handler) -> Handler:
@@ -40,6 +47,7 @@ def _register_everywhere(handler: Handler) -> Handler:
 
 
 @_register_everywhere
-async def rerank(request: Request, handler: RerankDep, settings: SettingsDep) -> RerankResponse:
+async def rerank(request: Request, handler: RerankDep, settings: SettingsDep) -> JSONResponse:
     options, query, documents = await read_query_body(request, settings)
-    return await handler(options, query, documents)
+    answer: RerankResponse = await handler(options, query, documents)
+    return JSONResponse(answer.wire())  # a result's document absent, not null, unless asked

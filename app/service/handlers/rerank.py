@@ -2,17 +2,22 @@
 ``app.method.tournament`` (design §2.10), every window of a round in one batch of forward
 passes, each window debiased with the profile of its own N.
 
-The stages of every request: decode (the model, counts and top_n, the query, the documents
-in any accepted shape to images, the echo of what was sent) -> plan (the window, the
+The stages of every request: decode (the model, counts and top_n, the fields sent that
+change nothing (counted and logged), the query, the documents in any accepted shape to
+images, the echo of what was sent) -> plan (the window, the
 rounds' window sizes and their forward passes, the labels of every window size resolved
 once each, the profile of every size or the fallback) -> run (round by round: a round's
 windows in one batch, each window debiased to advance its best) -> debias (the
 tournament's ranking and relevance) -> encode.
+
+One document is decoded (so a bad one is refused as any other) and answered without a
+forward pass: it is the only candidate, so its rank is 1 and its relevance_score 1.0, the
+probability any method gives the only label (a restricted softmax over one label is 1).
 """
 
 from __future__ import annotations
 
-import base64
+import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
@@ -28,6 +33,7 @@ from app.observability import logs
 from app.service.decode import ImageInput
 from app.service.pipeline import Context, Handler, ms_since
 from lad_client.types import (
+    RerankBilledUnits,
     RerankMeta,
     RerankOptions,
     RerankRequest,
@@ -36,6 +42,37 @@ from lad_client.types import (
     RerankUsage,
     SentDocument,
 )
+from lad_client.types.documents import as_sent
+from lad_client.vocabulary import IGNORED_RERANK_FIELDS
+
+_EMBEDDED_IMAGE = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,", re.ASCII)
+_METADATA_LINE = re.compile(r"[^\n:]{1,200}: ")
+
+
+def _text_around_image(document: ImageInput, k: int) -> None:
+    """Refuse, with the fix, a string document that holds text before its data URL (what
+    LlamaIndex's rerankers send by default: the node's metadata lines, a blank line, then
+    its text), instead of the decoder's "not valid base64"."""
+    if not isinstance(document, str):
+        return
+    found = _EMBEDDED_IMAGE.search(document, 0, 64 * 1024)
+    if found is None or found.start() == 0 or not document[: found.start()].strip():
+        return
+    head = document[: found.start()]
+    if head.endswith("\n\n") and _METADATA_LINE.match(head):
+        raise errors.InvalidImage(
+            f"documents[{k}] is text with the image after it ('<key>: <value>' lines, a blank "
+            "line, then a data URL): LlamaIndex writes a node's metadata before its text "
+            "(MetadataMode.EMBED), and CohereRerank and JinaRerank send that text. The service "
+            "ranks images only: exclude the metadata from the embed text, e.g. "
+            "node.excluded_embed_metadata_keys = list(node.metadata) for every node (or build "
+            "the nodes with excluded_embed_metadata_keys set), so that each document is the "
+            "data URL alone"
+        )
+    raise errors.InvalidImage(
+        f"documents[{k}] holds text before its data:image/...;base64, URL; the service ranks "
+        "images only: send the data URL (or bare base64) alone"
+    )
 
 
 class _PromptTokens:
@@ -57,6 +94,7 @@ class RerankContext(Context):
     query: str = ""
     inputs: Sequence[ImageInput] = ()  # decode: the documents' images as sent
     sent: list[SentDocument] | None = None  # decode: the echo (return_documents)
+    ignored: Sequence[str] = ()  # the fields sent that change nothing
     top_n: int = 1
     window: int = 0  # plan
     rounds: list[list[int]] | None = None  # plan: the window sizes of every round
@@ -84,13 +122,11 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         if isinstance(options, RerankRequest):
             ctx.inputs = options.images()
             ctx.sent = options.sent() if options.return_documents else None
+            ctx.ignored = options.ignored()
         else:
             ctx.inputs = documents
             if options.return_documents:  # a form's file parts (bytes) echo in base64
-                ctx.sent = [
-                    d if isinstance(d, str) else base64.b64encode(d).decode("ascii")
-                    for d in documents
-                ]
+                ctx.sent = [as_sent(d) for d in documents]
         return await self.pipeline.serve(self, ctx)
 
     def _options(self, ctx: RerankContext) -> RerankOptions:
@@ -107,23 +143,32 @@ class Rerank(Handler[RerankContext, RerankResponse]):
                 f"{pipeline.model_id!r} (GET /v1/models)"
             )
         logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
+        self._ignore(ctx.ignored)
         limit = pipeline.settings.max_rerank_candidates
-        if n < 2:
-            raise errors.TooFewImages(f"documents has {n} image(s); reranking needs >= 2")
+        if n < 1:
+            raise errors.TooFewImages("documents is empty; send at least one image")
         if n > limit:
             raise errors.TooManyImages(
                 f"documents has {n} images; the limit is LAD_MAX_RERANK_CANDIDATES={limit}"
             )
-        if options.top_n is not None and options.top_n > n:
-            raise errors.InvalidRequest(
-                f"top_n is {options.top_n} but there are only {n} documents"
-            )
-        ctx.top_n = options.top_n or 1  # how many advance from each window
+        ctx.top_n = min(options.top_n or 1, n)  # how many advance; more than n: clipped
         pipeline.decoder.query(ctx.query)
+        for k, document in enumerate(ctx.inputs):
+            _text_around_image(document, k)
         async with pipeline.decoder.slot():
             ctx.images = await run_in_threadpool(
                 pipeline.decoder.images, ctx.inputs, "documents", ctx.timings
             )
+
+    def _ignore(self, fields: Sequence[str]) -> None:
+        """Count the ignored fields (by name when well known, else "other") and name them,
+        escaped, in the request's log line."""
+        if not fields:
+            return
+        counter = self.pipeline.metrics.rerank_ignored_fields
+        for name in fields:
+            counter.labels(field=name if name in IGNORED_RERANK_FIELDS else "other").inc()
+        logs.note(ignored_fields=logs.escaped_names(fields))
 
     # -------------------------------------------------------------------- plan
     def _default_window(self, options: RerankOptions) -> int:
@@ -169,6 +214,9 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         ctx.window, ctx.rounds = window, rounds
 
     async def plan(self, ctx: RerankContext) -> None:
+        if ctx.n == 1:  # the only candidate: nothing to plan, no profile read
+            ctx.window, ctx.rounds = 1, []
+            return
         await run_in_threadpool(self._plan, ctx)
         if ctx.fallback_for is not None:  # the operator's fallback (LAD_FALLBACK_TO_VANILLA)
             logs.note(method=ctx.method, fallback=True)
@@ -179,8 +227,10 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         profile so that its best advance (their debias time counted as debias)."""
         pipeline, options, method = self.pipeline, self._options(ctx), ctx.method
         ctx.seed = options.seed if options.seed is not None else secrets.randbits(32)
-        ctx.tournament = tournament = Tournament(ctx.n, min(ctx.window, ctx.n), ctx.top_n, ctx.seed)
         ctx.tokens = _PromptTokens()
+        if ctx.n == 1:  # no forward pass: the only candidate ranks first
+            return
+        ctx.tournament = tournament = Tournament(ctx.n, min(ctx.window, ctx.n), ctx.top_n, ctx.seed)
         while (windows := tournament.next_round()) is not None:
             works = [
                 work
@@ -208,13 +258,16 @@ class Rerank(Handler[RerankContext, RerankResponse]):
 
     async def debias(self, ctx: RerankContext) -> None:
         """The tournament's ranking and relevance across windows."""
+        if ctx.n == 1:
+            ctx.scores, ctx.ranking = np.ones(1), [0]
+            return
         assert ctx.tournament is not None
         ctx.scores = ctx.tournament.relevance()
         ctx.ranking = ctx.tournament.ranking()
 
     # -------------------------------------------------------------------- encode
     async def encode(self, ctx: RerankContext) -> RerankResponse:
-        assert ctx.tournament is not None and ctx.scores is not None and ctx.ranking is not None
+        assert ctx.scores is not None and ctx.ranking is not None
         assert ctx.tokens is not None and ctx.rounds is not None
         options, pipeline, n, scores = self._options(ctx), self.pipeline, ctx.n, ctx.scores
         results = [
@@ -223,8 +276,10 @@ class Rerank(Handler[RerankContext, RerankResponse]):
                 relevance_score=float(scores[i]),
                 document=None if ctx.sent is None else ctx.sent[i],
             )
-            for i in ctx.ranking[: options.top_n or n]
+            for i in ctx.ranking[: min(options.top_n or n, n)]
         ]
+        rounds = 0 if ctx.tournament is None else ctx.tournament.rounds_played
+        tokens = ctx.tokens.total
         profiles = ctx.profiles
         meta = RerankMeta(
             method=ctx.method,
@@ -232,16 +287,19 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             profile={str(size): p.version for size, p in sorted(profiles.items())} or None,
             window=min(ctx.window, n),
             seed=ctx.seed,
-            rounds=ctx.tournament.rounds_played,
+            rounds=rounds,
             windows=ctx.rounds,
             forward_passes=ctx.spent,
+            billed_units=RerankBilledUnits(images=n, input_tokens=tokens),
             timings_ms={},
         )
         request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
         return RerankResponse(
             id=f"rerank-{request_id}",
             model=pipeline.model_id,
-            usage=RerankUsage(images=n, prompt_tokens=ctx.tokens.total, forward_passes=ctx.spent),
+            usage=RerankUsage(
+                images=n, prompt_tokens=tokens, total_tokens=tokens, forward_passes=ctx.spent
+            ),
             results=results,
             meta=meta,
         )

@@ -22,3 +22,26 @@ MAX_N: Final[int] = 64
 NAME_PATTERN: Final[str] = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """What a calibration profile name may be (names travel in URLs, /v1/profiles/{name}, and
 in store keys)."""
+
+IGNORED_RERANK_FIELDS: Final[tuple[str, ...]] = (
+    "max_tokens_per_doc",
+    "max_chunks_per_doc",
+    "rank_fields",
+    "raw_scores",
+    "truncate_prompt_tokens",
+    "truncate",
+    "truncation_direction",
+    "return_text",
+    "return_embeddings",
+    "instruction",
+    "priority",
+    "use_activation",
+    "softmax",
+    "activation",
+    "mm_processor_kwargs",
+    "user",
+)
+"""Fields that other rerank APIs' clients send (Cohere v1 and v2, Jina, vLLM, Infinity, TEI)
+and that change nothing for an image ranking: accepted on the rerank routes, ignored, and
+counted by name (``lad_rerank_ignored_fields_total``; any other unknown field is counted
+as "other", so a client cannot add a label value per request)."""

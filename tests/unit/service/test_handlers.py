@@ -114,12 +114,14 @@ def test_retrieve_rerank_calibrate_feedback_refresh_without_http(
         parts = [png_bytes(img) for img in item.images]
         form = await handlers.rerank(RerankOptions(return_documents=True), item.query, parts)
         assert [r.document for r in form.results] == [
-            base64.b64encode(parts[r.index]).decode("ascii") for r in form.results
+            {"text": base64.b64encode(parts[r.index]).decode("ascii")} for r in form.results
         ]
         assert set(form.meta.timings_ms) == set(TIMINGS)
         as_json = RerankRequest(query=item.query, documents=images, return_documents=True)
         sent = await handlers.rerank(as_json, item.query, [])
-        assert [r.document for r in sent.results] == [images[r.index] for r in sent.results]
+        assert [r.document for r in sent.results] == [
+            {"text": images[r.index]} for r in sent.results
+        ]
         with pytest.raises(errors.ModelNotFound):
             await handlers.rerank(RerankOptions(model="another"), item.query, parts)
         assert answer.request_id is None  # no HTTP request: nothing kept for feedback

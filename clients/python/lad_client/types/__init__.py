@@ -46,6 +46,7 @@ from lad_client.types.profiles import (
 )
 from lad_client.types.rerank import (
     RERANK_EXAMPLE,
+    RerankBilledUnits,
     RerankMeta,
     RerankOptions,
     RerankRequest,
@@ -107,6 +108,7 @@ __all__ = [
     "ProfileVersion",
     "Readiness",
     "RefreshResponse",
+    "RerankBilledUnits",
     "RerankMeta",
     "RerankOptions",
     "RerankRequest",

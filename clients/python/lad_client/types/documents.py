@@ -7,10 +7,14 @@ Jina's ``{"image": ...}``, as an OpenAI/vLLM content part
 ``{"content": [<one image_url part>]}``; the whole list may also be vLLM's
 ``{"content": [<parts>]}`` (each part one document). Only the image bytes are read: the
 service never fetches a remote URL.
+
+``return_documents`` echoes each document in the shape Cohere, vLLM and the clients built
+on them read (``{"text": ...}``) for a string, and as it was sent for an object.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 from pydantic import Field
@@ -62,7 +66,7 @@ class ContentDocuments(Strict):
     """vLLM's ``documents: {"content": [parts]}``: each image part is one document."""
 
     content: list[ImageUrlPart] = Field(
-        min_length=2, max_length=MAX_N, description="the candidate images, one part each"
+        min_length=1, max_length=MAX_N, description="the candidate images, one part each"
     )
 
 
@@ -79,12 +83,17 @@ def image_of(document: Document) -> str:
     return document.content[0].image_url.url
 
 
-SentDocument = str | dict[str, Any]
-"""A document as the client sent it (JSON), as ``return_documents`` echoes it."""
+SentDocument = dict[str, Any]
+"""A document as ``return_documents`` echoes it: ``{"text": ...}`` for a string (Cohere's
+and vLLM's answer; LiteLLM's Cohere type refuses a bare string), an object as it was sent."""
 
 
-def as_sent(document: Document) -> SentDocument:
-    """The document in the shape it was sent (for ``return_documents``)."""
+def as_sent(document: Document | bytes) -> SentDocument:
+    """The document echoed in the shape the caller used (``return_documents``): a string
+    as ``{"text": <it>}``, a multipart file part as ``{"text": <its bytes in base64>}``, an
+    object as it was sent."""
+    if isinstance(document, bytes):
+        return {"text": base64.b64encode(document).decode("ascii")}
     if isinstance(document, str):
-        return document
+        return {"text": document}
     return document.model_dump(mode="json", exclude_unset=True)

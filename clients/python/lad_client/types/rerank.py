@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,7 +14,14 @@ from lad_client.types.documents import (
     as_sent,
     image_of,
 )
-from lad_client.vocabulary import MAX_N, METHODS, NAME_PATTERN, SCHEMES, Method
+from lad_client.vocabulary import (
+    IGNORED_RERANK_FIELDS,
+    MAX_N,
+    METHODS,
+    NAME_PATTERN,
+    SCHEMES,
+    Method,
+)
 
 RERANK_EXAMPLE: dict[str, object] = {
     "query": "a small green square",
@@ -26,7 +33,7 @@ RERANK_EXAMPLE: dict[str, object] = {
 }
 
 
-DocumentList = Annotated[list[Document], Field(min_length=2, max_length=MAX_N)]
+DocumentList = Annotated[list[Document], Field(min_length=1, max_length=MAX_N)]
 
 
 class RerankOptions(Strict):
@@ -35,10 +42,11 @@ class RerankOptions(Strict):
     top_n: int | None = Field(
         None,
         ge=1,
-        le=MAX_N,
-        description="results to return; the best top_n of each window "
-        "advance (the winner and, for top_n > 1, runners-up). Unset: every document is "
-        "returned, ranked, with only window winners advancing (the cheapest tournament)",
+        le=2**31 - 1,
+        description="results to return; more than there are documents is clipped to their "
+        "number (as vLLM does). The best top_n of each window advance (the winner and, for "
+        "top_n > 1, runners-up). Unset: every document is returned, ranked, with only window "
+        "winners advancing (the cheapest tournament)",
     )
     method: Method = Field("agd", description=f"one of {', '.join(METHODS)}; agd is the default")
     profile: str = Field("default", pattern=NAME_PATTERN, description="calibration profile name")
@@ -63,8 +71,9 @@ class RerankOptions(Strict):
     )
     return_documents: bool = Field(
         False,
-        description="echo each result's document as it was sent (a file part of a "
-        "multipart body: its bytes in base64)",
+        description="echo each result's document: a string as {\"text\": <it>} (Cohere's and "
+        "vLLM's answer), an object as it was sent, a file part of a multipart body as "
+        '{"text": <its bytes in base64>}. False: results carry no `document` key',
     )
     model: str | None = Field(
         None,
@@ -75,22 +84,33 @@ class RerankOptions(Strict):
 
 
 class RerankRequest(RerankOptions):
-    """A query and its candidate images, in the shape common rerank APIs use."""
+    """A query and its candidate images, in the shape common rerank APIs use.
 
-    model_config = ConfigDict(json_schema_extra={"examples": [RERANK_EXAMPLE]})
+    Fields of other rerank APIs that change nothing for an image ranking are accepted and
+    ignored, the well-known ones (``IGNORED_RERANK_FIELDS``) and any other: each is
+    counted (``lad_rerank_ignored_fields_total``) and named in the request's log line."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [RERANK_EXAMPLE]})
 
     query: str = Field(min_length=1, max_length=100_000, description="the caption to match")
     max_tokens_per_doc: int | None = Field(
         None,
-        ge=1,
         description="Cohere v2's text truncation; accepted and ignored (an image "
         "document is never truncated)",
     )
     max_chunks_per_doc: int | None = Field(
-        None, ge=1, description="Cohere v1's chunking of long texts; accepted and ignored"
+        None, description="Cohere v1's chunking of long texts; accepted and ignored"
+    )
+    rank_fields: list[str] | None = Field(
+        None,
+        description="Cohere v1's fields of object documents to rank; accepted and ignored "
+        "(an object document's image field is ranked)",
+    )
+    raw_scores: bool | None = Field(
+        None, description="Infinity's raw (unnormalised) scores; accepted and ignored"
     )
     documents: DocumentList | ContentDocuments = Field(
-        description="2..LAD_MAX_RERANK_CANDIDATES candidate images, each a data:image/...;"
+        description="1..LAD_MAX_RERANK_CANDIDATES candidate images, each a data:image/...;"
         'base64, URL or bare base64 string, Cohere\'s {"text": ...}, Jina\'s {"image": ...}, '
         "an image_url content part "
         '{"type": "image_url", "image_url": {"url": ...}} or vLLM\'s {"content": [<one image_url '
@@ -109,8 +129,15 @@ class RerankRequest(RerankOptions):
         return [image_of(d) for d in self.listed()]
 
     def sent(self) -> list[SentDocument]:
-        """Each document as it was sent (for ``return_documents``)."""
+        """Each document as ``return_documents`` echoes it."""
         return [as_sent(d) for d in self.listed()]
+
+    def ignored(self) -> list[str]:
+        """The fields sent that change nothing: the well-known ones declared here, then
+        any other, in the order sent (names as sent: escape them before logging)."""
+        sent = self.model_fields_set  # extra fields included
+        declared = [f for f in type(self).model_fields if f in IGNORED_RERANK_FIELDS and f in sent]
+        return [*declared, *(self.model_extra or {})]
 
 
 class RerankResult(BaseModel):
@@ -126,7 +153,9 @@ class RerankResult(BaseModel):
         "requests"
     )
     document: SentDocument | None = Field(
-        None, description="with return_documents: the document as it was sent; else null"
+        None,
+        description='with return_documents: the document, a string as {"text": <it>}, an '
+        "object as it was sent; without it the key is absent (never null)",
     )
 
 
@@ -136,9 +165,20 @@ class RerankUsage(BaseModel):
     images: int = Field(description="candidate images decoded")
     prompt_tokens: int | None = Field(
         description="tokens of every forward pass's prompt, images included, summed over the "
-        "tournament (null if the engine does not report them)"
+        "tournament (0 when no forward pass ran; null if the engine does not report them)"
+    )
+    total_tokens: int | None = Field(
+        description="prompt_tokens again (a rerank generates nothing), as vLLM, Infinity and "
+        "LiteLLM read it"
     )
     forward_passes: int = Field(description="forward passes spent (as meta.forward_passes)")
+
+
+class RerankBilledUnits(BaseModel):
+    """Cohere's ``meta.billed_units``, for clients that read the cost there (LiteLLM)."""
+
+    images: int = Field(description="candidate images decoded (as usage.images)")
+    input_tokens: int | None = Field(description="as usage.prompt_tokens")
 
 
 class RerankMeta(BaseModel):
@@ -151,9 +191,15 @@ class RerankMeta(BaseModel):
     )
     window: int = Field(description="the largest window size")
     seed: int = Field(description="the seed of the window assignment")
-    rounds: int = Field(description="tournament rounds (1: every document in one window)")
+    rounds: int = Field(
+        description="tournament rounds (1: every document in one window; 0: one document, "
+        "trivially ranked first without a forward pass)"
+    )
     windows: list[list[int]] = Field(description="window sizes of each round")
     forward_passes: int = Field(description="forward passes spent (perm_avg: N per window)")
+    billed_units: RerankBilledUnits = Field(
+        description="Cohere's meta.billed_units: images and input tokens (as usage)"
+    )
     timings_ms: dict[str, float] = Field(
         description="per stage, the keys of POST /v1/retrieve's timings_ms: decode (with its "
         "base64 part), queue, process, forward, score (the rounds' batches summed), debias "
@@ -167,3 +213,10 @@ class RerankResponse(BaseModel):
     usage: RerankUsage = Field(description="images, prompt tokens and forward passes spent")
     results: list[RerankResult] = Field(description="top_n documents, best first")
     meta: RerankMeta = Field(description="how the ranking was made and what it cost")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON answer: a result's ``document`` only where it is echoed, absent rather
+        than null (LiteLLM's Cohere type refuses ``"document": null``; Cohere's API and
+        vLLM's leave it out)."""
+        bare = {i: {"document"} for i, r in enumerate(self.results) if r.document is None}
+        return self.model_dump(mode="json", exclude={"results": bare} if bare else None)
