@@ -10,7 +10,7 @@ size, patch size, merges) keep their defaults, so the processor's token counts a
 vision tower agree without being told.
 
 A type that cannot be served (``app.models.conventions.refusal``) or whose processor cannot be
-built here raises :class:`TinyBuildError` naming why.
+built here raises :class:`~lad_lab.testing.tiny_base.TinyBuildError` naming why.
 
 The steps are modules of their own: the shrink (``_tiny_generic_shrink``), the processor
 (``_tiny_generic_processor``) and its tokenizer and the config's token ids
@@ -37,7 +37,6 @@ from lad_lab.testing._tiny_generic_defaults import (
     shrink_conv_towers,
     with_rope_sections,
 )
-from lad_lab.testing._tiny_generic_error import TinyBuildError
 from lad_lab.testing._tiny_generic_fields import add_read_delimiters, config_tree
 from lad_lab.testing._tiny_generic_processor import (
     build_processor,
@@ -52,6 +51,7 @@ from lad_lab.testing._tiny_generic_tokens import (
     probe_image,
     set_token_ids,
 )
+from lad_lab.testing.tiny_base import TinyBuildError
 
 CONTEXT = 8192
 """Least context of a tiny text model: five images at the tower's own size fit."""

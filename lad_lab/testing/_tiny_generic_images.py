@@ -34,6 +34,7 @@ import torch
 from transformers import PretrainedConfig
 
 from lad_lab.testing._tiny_generic_fields import config_tree
+from lad_lab.testing.tiny_base import random_images
 
 GRID = 8
 """Least side of a shrunk tower's patch grid (in patches)."""
@@ -135,8 +136,6 @@ def smaller_autoencoder(config: PretrainedConfig) -> None:
 
 def probe(placeholder: str) -> tuple[str, list[Any]]:
     """A prompt of two images of the matrix's sizes (a wide one and a tall one)."""
-    from lad_lab.testing.tiny_models import random_images
-
     return placeholder * 2, random_images(2, seed=98, sizes=[(128, 80), (56, 112)])
 
 

@@ -29,7 +29,6 @@ from app.models.saved_processor import (
 from app.models.torchvision_stand_in import torchvision_only_class
 from lad_lab.testing._tiny_generic_agreement import tower_size_from_processor, vit_patch_key
 from lad_lab.testing._tiny_generic_defaults import processor_delimiters
-from lad_lab.testing._tiny_generic_error import TinyBuildError
 from lad_lab.testing._tiny_generic_fields import config_tree
 from lad_lab.testing._tiny_generic_parents import inherited_processor_name
 from lad_lab.testing._tiny_generic_parts import (
@@ -49,7 +48,7 @@ from lad_lab.testing._tiny_generic_tokens import (
     token_text,
     unwritten_tokens,
 )
-from lad_lab.testing.tiny_models import chatml_template
+from lad_lab.testing.tiny_base import TinyBuildError, chatml_template
 
 _SPLITTING_OFF = {
     "do_image_splitting": False,
