@@ -4,13 +4,13 @@ the registry of the tiny builders and the one module callers import.
 ``build_tiny(model_type)`` builds a family the service has an adapter for with that family's
 own builder (``lad_lab.testing.families``: layouts pinned by the family's tests, the Qwen
 line on the released Qwen vocabularies) and any other model type of transformers'
-image-text-to-text mapping with the generic builder (``lad_lab.testing._tiny_generic``). Nothing is
+image-text-to-text mapping with the generic builder (``lad_lab.testing.generic``). Nothing is
 downloaded. These models prove the plumbing (spans, label scores, captured attention,
 batching, padding), not accuracy.
 
 The modules, lowest first (none imports one above it): ``tiny_base`` (the one byte-level
 tokenizer, the ChatML template, random images, the small tower and decoder, the build's
-error) and ``qwen_vocab``; ``families.*`` and ``_tiny_generic*``; this registry; above it the
+error) and ``qwen_vocab``; ``families.*`` and ``generic.*``; this registry; above it the
 model matrix (``matrix``) and ``lad model tiny`` (``tiny_cli``).
 """
 
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from lad_lab.testing import _tiny_generic as generic
 from lad_lab.testing.families import (
     gemma3,
     glm4v,
@@ -33,6 +32,7 @@ from lad_lab.testing.families import (
     mistral3,
     qwen,
 )
+from lad_lab.testing.generic import build as generic
 from lad_lab.testing.tiny_base import TinyBuildError, random_images
 
 __all__ = [
@@ -66,7 +66,7 @@ BUILDERS: dict[str, Callable[..., tuple[torch.nn.Module, Any]]] = {
     "llavaonevision1_5": llava_onevision1_5.build,
 }
 """Each family with a builder of its own: ``builder(seed=..., **overrides)`` -> (model,
-processor). Every other model type is built by ``lad_lab.testing._tiny_generic``."""
+processor). Every other model type is built by ``lad_lab.testing.generic``."""
 
 FAMILIES: tuple[str, ...] = tuple(t for t in BUILDERS if t != "llavaonevision1_5")
 """The families with a builder and an adapter of their own (the stand-in aside)."""
@@ -78,7 +78,7 @@ def build_tiny(family: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.n
     more). The families of :data:`BUILDERS` keep their own builders (real Qwen vocabularies,
     layouts pinned by their tests; each module's docstring names its ``overrides``); any
     other model type of transformers' image-text-to-text mapping is built generically
-    (``lad_lab.testing._tiny_generic``; ``dtype`` is its one override, ``image_pixels`` is
+    (``lad_lab.testing.generic``; ``dtype`` is its one override, ``image_pixels`` is
     ignored: images take the tower's own size), raising :class:`TinyBuildError` that names
     why where it cannot be."""
     builder = BUILDERS.get(family)

@@ -17,7 +17,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from app.models.registry import adapter_class, registered
-from lad_lab.testing._tiny_generic_fields import config_tree
+from lad_lab.testing.generic.shrink import config_tree
 from lad_lab.testing.tiny_base import byte_level_tokenizer, random_images
 
 TOKEN_ID = re.compile(r"_token_(id|index)$|^(bos|eos|pad)_token_id$")
