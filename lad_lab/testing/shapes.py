@@ -5,8 +5,9 @@ a released checkpoint's depth, heads, KV heads, widths, vocabulary size and visi
 costs what the checkpoint costs, and nothing has to be downloaded. The architecture
 values are transcribed from each checkpoint's public ``config.json`` into
 ``lad_lab/testing/shapes/<name>.json`` (with the address they come from); the tokenizer and
-the special-token ids are the in-code ones of ``lad_lab.testing.tiny_models`` (the ids do
-not change the cost; the embedding and the output layer keep the real vocabulary size).
+the special-token ids are the in-code ones of the tiny builds (``lad_lab.testing.tiny_base``,
+``lad_lab.testing.families``: the ids do not change the cost; the embedding and the output
+layer keep the real vocabulary size).
 
 ``width`` narrows the hidden size of the text model to ``width`` and every other width
 (MLP, vision tower) by the same factor, keeping depth, head counts, KV heads, and the
@@ -95,14 +96,14 @@ def _qwen(shape: dict[str, Any], seed: int, dtype: torch.dtype, device: str) -> 
     )
 
     from app.models.qwen2_vl import Qwen2_5_VLProcessorNoVideo
-    from lad_lab.testing.tiny_models import (
+    from lad_lab.testing.families.qwen import (
         QWEN_CHAT_TEMPLATE,
         QWEN_SPECIAL_TOKENS,
-        byte_level_tokenizer,
         qwen_token_ids,
     )
+    from lad_lab.testing.tiny_base import byte_level_tokenizer
 
-    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS)
+    tokenizer = byte_level_tokenizer(QWEN_SPECIAL_TOKENS, ranked=True)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     text = dict(shape["text_config"])
     rope = {
@@ -150,8 +151,8 @@ def _internvl(shape: dict[str, Any], seed: int, dtype: torch.dtype, device: str)
     )
 
     from app.models.internvl import InternVLProcessorNoVideo
-    from lad_lab.testing._tiny_internvl import CHAT_TEMPLATE, NAMED_TOKENS
-    from lad_lab.testing._tiny_llava_onevision import byte_level_tokenizer
+    from lad_lab.testing.families.internvl import CHAT_TEMPLATE, NAMED_TOKENS
+    from lad_lab.testing.tiny_base import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer(list(NAMED_TOKENS.values()), NAMED_TOKENS)
     side = shape["vision_config"]["image_size"][0]
@@ -187,7 +188,8 @@ def _llava_onevision(
     )
 
     from app.models.llava_onevision import LlavaOnevisionProcessorNoVideo
-    from lad_lab.testing._tiny_llava_onevision import CHAT_TEMPLATE, byte_level_tokenizer
+    from lad_lab.testing.families.llava_onevision import CHAT_TEMPLATE
+    from lad_lab.testing.tiny_base import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer(["<image>", "<video>"])
     vision = shape["vision_config"]

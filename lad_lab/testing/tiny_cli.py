@@ -22,8 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args(argv)
     from app.models.loader import quiet_progress_bars
-    from lad_lab.testing._tiny_generic_error import TinyBuildError
-    from lad_lab.testing.tiny_models import build_tiny
+    from lad_lab.testing.tiny_models import TinyBuildError, build_tiny
 
     try:
         model, processor = build_tiny(args.model_type, seed=args.seed)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from transformers import Blip2Config, InstructBlipConfig, LlavaConfig
 
 from app.models.conventions import refusal
-from lad_lab.testing._tiny_generic_processor import build_processor
-from lad_lab.testing._tiny_generic_shrink import shrink
+from lad_lab.testing.generic.processor import build_processor
+from lad_lab.testing.generic.shrink import shrink
 from lad_lab.testing.tiny_models import random_images
 
 

@@ -10,9 +10,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from app.models.loader import ModelLoadError, load_runner
 from app.models.processor_probe import drops_the_prompt
-from lad_lab.testing._tiny_generic_processor import build_processor
-from lad_lab.testing._tiny_generic_shrink import shrink
-from lad_lab.testing._tiny_generic_tokens import placeholder_of
+from lad_lab.testing.generic.processor import build_processor
+from lad_lab.testing.generic.shrink import shrink
+from lad_lab.testing.generic.tokens import placeholder_of
 from lad_lab.testing.tiny_models import build_tiny
 
 

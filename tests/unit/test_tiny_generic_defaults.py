@@ -12,15 +12,15 @@ from transformers import (
     LlavaConfig,
 )
 
-from lad_lab.testing._tiny_generic_defaults import (
+from lad_lab.testing.generic.defaults import fill_unset
+from lad_lab.testing.generic.shrink import (
     CODEBOOK,
     CONV_WIDTH,
-    fill_unset,
+    config_tree,
     lay_out_code_ranges,
     shrink_channel_lists,
     shrink_conv_towers,
 )
-from lad_lab.testing._tiny_generic_fields import config_tree
 
 
 def _apertus1p5() -> transformers.PretrainedConfig:

@@ -11,9 +11,12 @@ import torch
 from transformers import InstructBlipProcessor, LlavaProcessor
 
 from app.models.generic import GenericAdapter
-from lad_lab.testing._tiny_generic_parents import inherited_processor_name, parent_types
-from lad_lab.testing._tiny_generic_parts import second_tokenizers
-from lad_lab.testing._tiny_generic_rope import rope_sections_agreed, scaled_sections
+from lad_lab.testing.generic.classes import (
+    inherited_processor_name,
+    parent_types,
+    second_tokenizers,
+)
+from lad_lab.testing.generic.defaults import rope_sections_agreed, scaled_sections
 
 
 def test_a_flattened_config_finds_its_parent_type_in_the_modular_source() -> None:
@@ -86,7 +89,7 @@ def test_a_diffusion_language_model_is_refused_with_its_reason() -> None:
 def test_the_stand_in_video_processor_learns_the_real_class_defaults() -> None:
     from transformers import Ernie4_5_VLMoeProcessor
 
-    from lad_lab.testing._tiny_generic_parts import video_processor_defaults
+    from lad_lab.testing.generic.classes import video_processor_defaults
 
     defaults = video_processor_defaults(Ernie4_5_VLMoeProcessor)
     assert defaults["font"] == "Roboto-Regular.ttf"  # read from source: no torchvision here

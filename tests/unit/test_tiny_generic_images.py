@@ -1,4 +1,4 @@
-"""The generic tiny builds' smaller images (lad_lab.testing._tiny_generic_images): a fixed-size
+"""The generic tiny builds' smaller images (lad_lab.testing.generic.images): a fixed-size
 tower cut by a whole factor with what is laid out in its units, budgets halved while a
 probe runs, linear-attention heads and a generation autoencoder made tiny."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from transformers import JanusConfig, LlavaNextConfig, Molmo2Config, Qwen3_5Config
 
-from lad_lab.testing import _tiny_generic_images as images
+from lad_lab.testing.generic import images
 
 
 def test_a_fixed_size_tower_is_cut_with_what_is_laid_out_in_its_units() -> None:

@@ -12,7 +12,7 @@ from app.engine.interface import RetrievalItem
 from app.models.internvl import InternVLAdapter, InternVLProcessorNoVideo
 from app.models.loader import make_runner
 from app.settings import Settings
-from lad_lab.testing._tiny_internvl import CHAT_TEMPLATE, build, build_processor
+from lad_lab.testing.families.internvl import CHAT_TEMPLATE, build, build_processor
 from lad_lab.testing.tiny_models import random_images
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from app.engine.interface import RetrievalItem
 from app.models.llava_onevision1_5 import LlavaOneVision15Adapter
 from app.models.loader import ModelLoadError, load_runner
 from lad_lab.eval.generate import generate_answers
-from lad_lab.testing._tiny_llava_onevision1_5 import (
+from lad_lab.testing.families.llava_onevision1_5 import (
     StandInForConditionalGeneration,
     save_remote_code_checkpoint,
 )

@@ -43,7 +43,7 @@ def test_qwen_pixel_budget_bounds_the_image_tokens(qwen_dir):
 
 def test_internvl_pixel_budget_is_a_number_of_tiles():
     from app.models.internvl import InternVLAdapter
-    from lad_lab.testing._tiny_internvl import build_processor
+    from lad_lab.testing.families.internvl import build_processor
 
     processor = build_processor()  # 32 x 32 tiles
     wide = Image.new("RGB", (256, 64))

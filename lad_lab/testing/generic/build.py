@@ -10,11 +10,16 @@ size, patch size, merges) keep their defaults, so the processor's token counts a
 vision tower agree without being told.
 
 A type that cannot be served (``app.models.conventions.refusal``) or whose processor cannot be
-built here raises :class:`TinyBuildError` naming why.
+built here raises :class:`~lad_lab.testing.tiny_base.TinyBuildError` naming why.
 
-The steps are modules of their own: the shrink (``_tiny_generic_shrink``), the processor
-(``_tiny_generic_processor``) and its tokenizer and the config's token ids
-(``_tiny_generic_tokens``); this module runs them and builds the model.
+This module runs the steps, each a module of this package, and builds the model:
+
+- ``shrink``: every width, depth, head and expert count made tiny by field name;
+- ``defaults``: what a checkpoint's config sets and the default leaves unset or disagreeing;
+- ``classes``: the classes the type's processor is made of, and its image processor;
+- ``tokens``: the tiny tokenizer's special tokens and the config's token ids;
+- ``processor``: the processor built in code, agreeing with the tower;
+- ``images``: smaller images where the type's own settings allow.
 """
 
 from __future__ import annotations
@@ -28,30 +33,32 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from app.models.conventions import refusal
-from lad_lab.testing import _tiny_generic_images as _images
-from lad_lab.testing._tiny_generic_agreement import patch_queries_for_tower, window_no_layer_uses
-from lad_lab.testing._tiny_generic_defaults import (
+from lad_lab.testing.generic import images as _images
+from lad_lab.testing.generic.classes import image_processor_for, processor_class_for
+from lad_lab.testing.generic.defaults import (
+    add_read_delimiters,
     fill_unset,
-    lay_out_code_ranges,
-    shrink_channel_lists,
-    shrink_conv_towers,
+    rope_sections_agreed,
+    window_no_layer_uses,
     with_rope_sections,
 )
-from lad_lab.testing._tiny_generic_error import TinyBuildError
-from lad_lab.testing._tiny_generic_fields import add_read_delimiters, config_tree
-from lad_lab.testing._tiny_generic_processor import (
-    build_processor,
-    image_processor_for,
-    processor_class_for,
+from lad_lab.testing.generic.processor import build_processor, patch_queries_for_tower
+from lad_lab.testing.generic.shrink import (
+    HEADS,
+    config_tree,
+    lay_out_code_ranges,
+    shrink,
+    shrink_channel_lists,
+    shrink_conv_towers,
+    text_head_dim,
 )
-from lad_lab.testing._tiny_generic_rope import rope_sections_agreed
-from lad_lab.testing._tiny_generic_shrink import HEADS, shrink, text_head_dim
-from lad_lab.testing._tiny_generic_tokens import (
+from lad_lab.testing.generic.tokens import (
     image_token_from_expansion,
     placeholder_of,
     probe_image,
     set_token_ids,
 )
+from lad_lab.testing.tiny_base import TinyBuildError
 
 CONTEXT = 8192
 """Least context of a tiny text model: five images at the tower's own size fit."""
@@ -67,7 +74,7 @@ def build(
 ) -> tuple[Any, Any]:
     """(model, processor) of ``model_type``, random and tiny; TinyBuildError where it cannot.
     ``small_images``: smaller images where the type's own settings allow
-    (``lad_lab.testing._tiny_generic_images``; False: the tower's default image size)."""
+    (``lad_lab.testing.generic.images``; False: the tower's default image size)."""
     if model_type not in CONFIG_MAPPING:
         raise TinyBuildError(f"{model_type!r} is not a model type of transformers")
     config = CONFIG_MAPPING[model_type]()

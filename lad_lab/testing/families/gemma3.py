@@ -22,7 +22,7 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from lad_lab.testing._tiny_llava_onevision import TINY_TOWER, byte_level_tokenizer, seeded_model
+from lad_lab.testing.tiny_base import TINY_TOWER, byte_level_tokenizer, seeded_model
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 8

@@ -4,7 +4,7 @@ The real ``Glm4vForConditionalGeneration``: a 2-block vision tower of 14-pixel p
 merged 2 x 2, and a 4-layer GLM-4 decoder (partial rotary over half of head_dim 16, mrope
 sections 2/1/1). The image processor is GLM-4V's PIL one with its area range pinned to
 ``image_pixels``² (56 -> 4 tokens per image; the range counts each image twice, over its
-2 temporal patches); the tokenizer is the byte-level one of ``lad_lab.testing.tiny_models``
+2 temporal patches); the tokenizer is the ranked byte-level one of ``lad_lab.testing.tiny_base``
 with GLM's special tokens; the chat template has the released layout: ``[gMASK]<sop>``,
 ``<|user|>`` turns with each image as ``<|begin_of_image|><|image|><|end_of_image|>``,
 ``<|assistant|>`` to answer, and GLM-4.5V's empty thinking block when
@@ -29,7 +29,7 @@ from transformers import (
 from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
 from app.models.glm4v import Glm4vProcessorNoVideo
-from lad_lab.testing.tiny_models import byte_level_tokenizer
+from lad_lab.testing.tiny_base import byte_level_tokenizer
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -64,7 +64,7 @@ CHAT_TEMPLATE = (
 def build(*, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     """(model, processor) of a tiny random GLM-4V (GLM-4.5V with ``moe=True``)."""
     moe = bool(overrides.pop("moe", False))
-    tokenizer = byte_level_tokenizer(SPECIAL_TOKENS)
+    tokenizer = byte_level_tokenizer(SPECIAL_TOKENS, ranked=True)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     side = int(overrides.pop("image_pixels", 56))
     image_processor = Glm4vImageProcessorPil(

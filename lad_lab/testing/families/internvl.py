@@ -19,13 +19,13 @@ from transformers import (
 )
 
 from app.models.internvl import InternVLProcessorNoVideo
-from lad_lab.testing._tiny_llava_onevision import (
+from lad_lab.testing.tiny_base import (
     TINY_TOWER,
     byte_level_tokenizer,
+    chatml_template,
     seeded_model,
     tiny_text_config,
 )
-from lad_lab.testing.tiny_models import chatml_template
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 4

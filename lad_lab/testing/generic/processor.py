@@ -1,43 +1,36 @@
-"""The type's own processor, built in code: its processor class, its PIL image processor with
-image splitting turned off, the tiny tokenizer (``lad_lab.testing._tiny_generic_tokens``) and a
-ChatML chat template writing the processor's image placeholder where the processor ships
-none.
+"""The type's own processor, built in code: its processor class and parts
+(``lad_lab.testing.generic.classes``), the tiny tokenizer (``lad_lab.testing.generic.tokens``)
+and a ChatML chat template writing the processor's image placeholder, between the image
+delimiters a checkpoint's template writes, where the processor ships none.
 
 A checkpoint ships these saved agreeing with its config; here the processor's settings are
 read from the config's fields of the same name and the image processor resizes to the vision
 tower's own size, so the processor's token counts and the tower agree without being told.
+Where the two count an image differently (a tile side, a fixed token count, a patch side
+under another name), the rules at the end make them agree, from the fields and defaults of
+the config and the processor alone (no family is named).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from typing import Any
 
-import transformers
 from transformers import PretrainedConfig
-from transformers.models.auto.configuration_auto import model_type_to_module_name
-from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
-from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-from app.models.registry import supported_model_types
-from app.models.saved_processor import (
-    processor_class_named,
-    stand_in_video_processor,
-    with_stand_in_video,
-)
-from app.models.torchvision_stand_in import torchvision_only_class
-from lad_lab.testing._tiny_generic_agreement import tower_size_from_processor, vit_patch_key
-from lad_lab.testing._tiny_generic_defaults import processor_delimiters
-from lad_lab.testing._tiny_generic_error import TinyBuildError
-from lad_lab.testing._tiny_generic_fields import config_tree
-from lad_lab.testing._tiny_generic_parents import inherited_processor_name
-from lad_lab.testing._tiny_generic_parts import (
+from app.models.conventions import is_delimiter_key
+from app.models.saved_processor import stand_in_video_processor, with_stand_in_video
+from lad_lab.testing.generic.classes import (
     feature_extractor_for,
+    image_processor_for,
+    processor_class_for,
     second_tokenizers,
     video_processor_defaults,
 )
-from lad_lab.testing._tiny_generic_tokens import (
+from lad_lab.testing.generic.shrink import config_tree
+from lad_lab.testing.generic.tokens import (
     TOKEN_ID,
     absent_tokens,
     adapter_tokens,
@@ -49,87 +42,7 @@ from lad_lab.testing._tiny_generic_tokens import (
     token_text,
     unwritten_tokens,
 )
-from lad_lab.testing.tiny_models import chatml_template
-
-_SPLITTING_OFF = {
-    "do_image_splitting": False,
-    "crop_to_patches": False,
-    "do_pan_and_scan": False,
-    "max_patches": 1,
-    "max_num_tiles": 1,
-    "max_image_tiles": 1,
-    "max_crops": 1,
-    "max_num_patches": 1,
-    "use_thumbnail": False,
-}
-_PIXEL_RANGE = 64 * 64
-"""Pixels of an image for processors that resize into a pixel range (a few tokens)."""
-
-
-def processor_class_for(model_type: str) -> type:
-    """The type's processor class (a sibling type of the same module's, e.g. an omni thinker
-    uses its omni model's processor)."""
-    name = PROCESSOR_MAPPING_NAMES.get(model_type)
-    if name is None:
-        module = model_type_to_module_name(model_type)
-        for other, candidate in PROCESSOR_MAPPING_NAMES.items():
-            if candidate and model_type_to_module_name(other) == module:
-                name = candidate
-                break
-    name = name or inherited_processor_name(model_type)  # the parent type's (FastVLM: LLaVA's)
-    if not name:
-        raise TinyBuildError(f"{model_type}: transformers names no processor class for it")
-    return _importable(name, model_type)
-
-
-def _importable(name: str, model_type: str) -> type:
-    """transformers' class ``name``, or the service's torchvision-free build of it; a
-    placeholder class (its module needs torchvision) is refused with that reason."""
-    if name == "PixtralProcessor":
-        supported_model_types()  # the families' adapters, which hold their own processors
-        return processor_class_named(name)
-    cls = getattr(transformers, name, None)
-    if cls is None:
-        raise TinyBuildError(f"{model_type}: transformers has no class {name}")
-    if "dummy" in type(cls).__module__ or "DummyObject" in type(cls).__name__:
-        raise TinyBuildError(f"{model_type}: {name} needs torchvision, which is not installed")
-    return cls
-
-
-def image_processor_for(model_type: str, processor_cls: type) -> Any:
-    """The PIL image processor of the type (or of its processor's own model module)."""
-    modules = {model_type_to_module_name(model_type), processor_cls.__module__.split(".")[-2]}
-    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or next(
-        (
-            v
-            for k, v in IMAGE_PROCESSOR_MAPPING_NAMES.items()
-            if model_type_to_module_name(k) in modules
-        ),
-        None,
-    )
-    names = names if isinstance(names, dict) else {}
-    name = names.get("pil")
-    if not name and names.get("torchvision"):
-        candidate = f"{names['torchvision']}Pil"  # transformers' naming of the PIL twin
-        name = candidate if hasattr(transformers, candidate) else None
-    if name:
-        image_processor = _importable(name, model_type)()
-    else:  # torchvision-only: transformers' class on the torch stand-in
-        fast = torchvision_only_class(names.get("torchvision") or "")
-        if fast is None:
-            raise TinyBuildError(f"{model_type}: transformers names no image processor for it")
-        image_processor = fast()
-    for key, value in _SPLITTING_OFF.items():
-        if hasattr(image_processor, key):
-            setattr(image_processor, key, value)
-    for key in ("min_pixels", "max_pixels"):
-        if getattr(image_processor, key, None):
-            setattr(image_processor, key, _PIXEL_RANGE)
-    size = getattr(image_processor, "size", None)
-    area = size is not None and "shortest_edge" in size and "longest_edge" in size
-    if area and int(size["longest_edge"]) > 100_000:  # an area range (Qwen-style), not an edge
-        image_processor.size = {"shortest_edge": _PIXEL_RANGE, "longest_edge": _PIXEL_RANGE}
-    return image_processor
+from lad_lab.testing.tiny_base import TinyBuildError, chatml_template
 
 
 def _sync_image_size(image_processor: Any, config: PretrainedConfig) -> None:
@@ -312,3 +225,70 @@ def _chat_template(processor: Any, config: PretrainedConfig) -> str:
         "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
         "{% endfor %}"
     )
+
+
+_OPENING = ("start", "begin", "open", "boi")
+
+
+def processor_delimiters(processor: Any, expanded: set[int]) -> tuple[str, str]:
+    """The image delimiters the processor holds as token strings (``image_start_token`` ..
+    ``image_end_token``) that its expansion of an image leaves out: a checkpoint's template
+    writes those around each placeholder (("", "") unless both are there)."""
+    vocab = processor.tokenizer.get_vocab()
+    found = {"start": "", "end": ""}
+    for key, value in vars(processor).items():
+        if not (key.endswith("_token") and is_delimiter_key(key) and isinstance(value, str)):
+            continue
+        if value in vocab and vocab[value] not in expanded and "video" not in key:
+            side = "start" if any(word in key for word in _OPENING) else "end"
+            found[side] = found[side] or value
+    return (found["start"], found["end"]) if all(found.values()) else ("", "")
+
+
+def vit_patch_key(image_processor: Any) -> str:
+    """The image processor's field for the tower's patch side: ``vision_patch_size`` where
+    it has one (its ``patch_size`` is then a crop's side, Step3p7's 504), else ``patch_size``."""
+    return "vision_patch_size" if hasattr(image_processor, "vision_patch_size") else "patch_size"
+
+
+def tower_size_from_processor(processor_cls: type, config: PretrainedConfig) -> None:
+    """Where the processor counts an image's tokens for a tile side of its own (Aya Vision's
+    ``img_size``), the vision tower takes that side: a checkpoint saves the two agreeing,
+    and a default config need not (its tower's patch grid may not even fit the merge)."""
+    vision = getattr(config, "vision_config", None)
+    if not isinstance(getattr(vision, "image_size", None), int):
+        return
+    params = inspect.signature(processor_cls.__init__).parameters
+    for name in ("img_size", "image_size"):
+        param = params.get(name)
+        if param is not None and isinstance(param.default, int) and param.default > 0:
+            vision.image_size = param.default
+            return
+    _tower_side_from_token_count(params.get("num_image_tokens"), vision)
+
+
+def _tower_side_from_token_count(param: inspect.Parameter | None, vision: Any) -> None:
+    """A processor writing a fixed ``num_image_tokens`` per image (DeepSeek-VL's 576) counts
+    the tower's square patch grid: the tower takes the side of that grid."""
+    count = getattr(param, "default", None)
+    patch = getattr(vision, "patch_size", None)
+    if not isinstance(count, int) or count <= 0 or not isinstance(patch, int):
+        return
+    grid = math.isqrt(count)
+    if grid * grid == count:
+        vision.image_size = grid * patch
+
+
+def patch_queries_for_tower(config: PretrainedConfig, processor: Any) -> None:
+    """A projector that maps each image's patch count to its number of query tokens
+    (``projector_patch_to_query_dict``, keyed by patch counts) re-keyed for the tower's own
+    patch grid, from the processor's side -> query-count table (``size_conversion``): the
+    default dict counts a tower of another patch size than the default tower's."""
+    table = getattr(processor, "size_conversion", None)
+    vision = getattr(config, "vision_config", None)
+    patch = getattr(vision, "patch_size", None)
+    if not isinstance(table, dict) or not isinstance(patch, int) or patch <= 0:
+        return
+    for key, value in list(vars(config).items()):
+        if key.endswith("patch_to_query_dict") and isinstance(value, dict):
+            setattr(config, key, {(int(side) // patch) ** 2: q for side, q in table.items()})

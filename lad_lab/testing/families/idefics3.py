@@ -28,7 +28,7 @@ from transformers import (
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
 from app.models.idefics3 import SmolVLMProcessorNoVideo
-from lad_lab.testing._tiny_llava_onevision import TINY_TOWER, byte_level_tokenizer, seeded_model
+from lad_lab.testing.tiny_base import TINY_TOWER, byte_level_tokenizer, seeded_model
 
 TILE = 32
 PATCH_SIZE = 8

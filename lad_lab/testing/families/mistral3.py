@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from app.models.mistral3 import PixtralProcessor
-from lad_lab.testing._tiny_llava_onevision import TINY_TOWER, byte_level_tokenizer, seeded_model
+from lad_lab.testing.tiny_base import TINY_TOWER, byte_level_tokenizer, seeded_model
 
 PATCH_SIZE = 4
 MERGE = 2

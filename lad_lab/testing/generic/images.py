@@ -1,4 +1,4 @@
-"""Smaller images for the generic tiny builds (``lad_lab.testing._tiny_generic``): the run time
+"""Smaller images for the generic tiny builds (``lad_lab.testing.generic.build``): the run time
 of the model matrix is in the vision towers and in the image tokens they hand the decoder.
 
 Nothing here knows a family; each rule reads the config's or the processor's own fields:
@@ -22,7 +22,7 @@ Nothing here knows a family; each rule reads the config's or the processor's own
   :data:`CHANNELS` base channels and a codebook of :data:`CODEBOOK` entries.
 
 A build whose smaller images do not run through its model (one probe image) is built again
-at the default size (``lad_lab.testing._tiny_generic.build``).
+at the default size (``lad_lab.testing.generic.build.build``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from lad_lab.testing._tiny_generic_fields import config_tree
+from lad_lab.testing.generic.shrink import config_tree
+from lad_lab.testing.tiny_base import random_images
 
 GRID = 8
 """Least side of a shrunk tower's patch grid (in patches)."""
@@ -135,8 +136,6 @@ def smaller_autoencoder(config: PretrainedConfig) -> None:
 
 def probe(placeholder: str) -> tuple[str, list[Any]]:
     """A prompt of two images of the matrix's sizes (a wide one and a tall one)."""
-    from lad_lab.testing.tiny_models import random_images
-
     return placeholder * 2, random_images(2, seed=98, sizes=[(128, 80), (56, 112)])
 
 

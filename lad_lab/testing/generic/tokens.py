@@ -17,8 +17,8 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from app.models.registry import adapter_class, registered
-from lad_lab.testing._tiny_generic_fields import config_tree
-from lad_lab.testing._tiny_llava_onevision import byte_level_tokenizer
+from lad_lab.testing.generic.shrink import config_tree
+from lad_lab.testing.tiny_base import byte_level_tokenizer, random_images
 
 TOKEN_ID = re.compile(r"_token_(id|index)$|^(bos|eos|pad)_token_id$")
 """A config field holding a token's id (``image_token_id``, ``bos_token_id`` ...)."""
@@ -140,8 +140,7 @@ def placeholder_of(processor: Any) -> str:
 
 
 def probe_image() -> Any:
-    from lad_lab.testing.tiny_models import random_images
-
+    """The one small image the probes send."""
     return random_images(1, seed=99, sizes=[(48, 48)])[0]
 
 

@@ -1,26 +1,25 @@
 """A default config shrunk to a tiny one by field name: every width, depth, head count and
-expert count of the config and its sub-configs.
+expert count of the config and its sub-configs, and the layouts that follow the new widths.
 
 No family is named: the fields are found by the names transformers' configs give them
 (``hidden_size``, ``num_hidden_layers``, ``num_key_value_heads`` ...), so a new type of the
 image-text-to-text mapping shrinks without being told; per-layer settings and lists of layer
-indices follow the new depth, as a checkpoint of that depth would hold them.
+indices follow the new depth, as a checkpoint of that depth would hold them. Convolution
+widths (a tower's ``downsample_channels``, a VQ tokenizer's ResNet stages) shrink too, and
+the codes of a discrete image tokenizer are laid out after the tiny vocabulary.
+
+A default config may leave its rope layout to a derived field (``head_dim`` set from
+``qk_rope_head_dim`` when the config was made), or hold widths that agree only in a
+checkpoint (a tower pixel-shuffling its patches into ``intermediate_size`` channels); a
+checkpoint saves them agreeing, so the shrunk config does too (the helpers at the end).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from transformers import PretrainedConfig
-
-from lad_lab.testing._tiny_generic_fields import config_tree
-from lad_lab.testing._tiny_generic_layout import (
-    derived_head_dim,
-    layer_ids_inside,
-    merged_widths,
-    next_power_of_two,
-    shuffled_widths,
-)
 
 HEADS, KV_HEADS = 2, 1
 """Attention heads of every tower. Head dimensions keep their defaults (rope sections,
@@ -46,7 +45,6 @@ _KV_COUNTS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads)$")
 _EXPERT_COUNTS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts)$")
 _EXPERT_TOPK = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|moe_k|num_experts_per_token)$")
 _LAYER_LISTS = re.compile(r"(indexes|indices|_layers|layer_ids)$")
-_TOKEN_ID = re.compile(r"_token_(id|index)$|^(bos|eos|pad)_token_id$")
 _MLA = {
     "q_lora_rank": 32,
     "kv_lora_rank": 16,
@@ -54,6 +52,15 @@ _MLA = {
     "qk_nope_head_dim": 8,
     "v_head_dim": 16,
 }
+
+
+def config_tree(config: PretrainedConfig) -> list[PretrainedConfig]:
+    """``config`` and every sub-config under it, depth first (what the shrink walks)."""
+    found = [config]
+    for value in vars(config).values():
+        if isinstance(value, PretrainedConfig):
+            found.extend(config_tree(value))
+    return found
 
 
 def text_head_dim(config: PretrainedConfig) -> int:
@@ -191,3 +198,133 @@ def _cut_layer_lists(config: PretrainedConfig, depth: int, old_depth: int | None
                 setattr(config, key, kept)
             elif len(value) > depth and key in ("no_rope_layers", "mlp_layer_types", "moe_layers"):
                 setattr(config, key, [value[i] for i in sources])
+
+
+def int_field(config: PretrainedConfig, key: str) -> int:
+    """``config``'s own int field ``key`` (0 where it has none, or a bool)."""
+    value: Any = vars(config).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def shrink_channel_lists(configs: list[PretrainedConfig], width: int) -> None:
+    """Lists of convolution widths (``downsample_channels``: a tower's stages, its last the
+    width the next tower reads) made ``width`` each, like every other width."""
+    for sub in configs:
+        for key, value in list(vars(sub).items()):
+            if not key.endswith("_channels") or not isinstance(value, (list, tuple)):
+                continue
+            if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                setattr(sub, key, [width] * len(value))
+
+
+CODEBOOK = 32
+"""Codes of a tiny discrete (VQ) tokenizer's codebook."""
+
+
+def lay_out_code_ranges(configs: list[PretrainedConfig], vocabulary: int) -> int:
+    """Where codes of discrete image or audio tokenizers enter the text vocabulary at an
+    offset (``image_token_offset``: code i is token offset + i), each ``codebook_size`` made
+    :data:`CODEBOOK` and the ranges laid out after the tokenizer's ``vocabulary``, in the
+    order of the default offsets. The text vocabulary size that holds them all."""
+    offsets = sorted(
+        (
+            (sub, key, value)
+            for sub in configs
+            for key, value in vars(sub).items()
+            if key.endswith("_token_offset")
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ),
+        key=lambda found: found[2],
+    )
+    if not offsets:
+        return vocabulary
+    for sub in configs:
+        if isinstance(vars(sub).get("codebook_size"), int):
+            sub.codebook_size = CODEBOOK
+    for i, (sub, key, _) in enumerate(offsets):
+        setattr(sub, key, vocabulary + i * CODEBOOK)
+    return vocabulary + len(offsets) * CODEBOOK
+
+
+CONV_WIDTH = 32
+"""Channels of a tiny convolutional tower (a VQ image tokenizer's ResNet stages): one
+group of transformers' 32-group norms."""
+_CONV_FIELDS = ("base_channels", "latent_channels")
+
+
+def shrink_conv_towers(configs: list[PretrainedConfig]) -> None:
+    """A convolutional tower's base and latent channels made :data:`CONV_WIDTH` and one
+    residual block per stage (its stage multipliers, hence its downsampling, kept)."""
+    for sub in configs:
+        for key in _CONV_FIELDS:
+            if int_field(sub, key) > CONV_WIDTH:
+                setattr(sub, key, CONV_WIDTH)
+        if int_field(sub, "num_res_blocks") > 1:
+            sub.num_res_blocks = 1
+
+
+def next_power_of_two(value: int) -> int:
+    """The least power of two >= ``value`` (head dimensions of real checkpoints are)."""
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def derived_head_dim(config: Any, old_rope_dim: Any) -> None:
+    """A multi-head latent attention config's ``head_dim`` (the rotary part's width, derived
+    from ``qk_rope_head_dim`` when the config was made) and ``qk_head_dim`` follow the
+    shrunk ``qk_rope_head_dim``."""
+    fields = vars(config)
+    rope_dim = fields.get("qk_rope_head_dim")
+    if not isinstance(rope_dim, int) or not isinstance(old_rope_dim, int):
+        return
+    if fields.get("head_dim") == old_rope_dim:
+        config.head_dim = rope_dim
+    if isinstance(fields.get("qk_head_dim"), int) and isinstance(
+        fields.get("qk_nope_head_dim"), int
+    ):
+        config.qk_head_dim = config.qk_nope_head_dim + rope_dim
+
+
+def shuffled_widths(config: Any, width: int) -> None:
+    """A tower that pixel-shuffles its patches by ``pixel_shuffle_ratio`` r turns each
+    ``width``-wide feature into width / r² channels, which the layer after it takes as
+    ``intermediate_size``: that width, so the shuffled features fit it."""
+    ratio = vars(config).get("pixel_shuffle_ratio")
+    if not isinstance(ratio, float) or not 0 < ratio < 1:
+        return
+    shuffled = round(width / ratio**2)
+    if isinstance(vars(config).get("intermediate_size"), int):
+        config.intermediate_size = shuffled
+
+
+_MERGES = ("merge_size", "spatial_merge_size")
+
+
+def merged_widths(configs: list[Any], text: Any) -> dict[int, int]:
+    """Default widths of merged vision features: a tower of width h merging m x m patches
+    gives h·m² channels, which a field elsewhere (``out_hidden_size``) may hold as a number
+    of its own. {h·m²: m²} over the towers of ``configs`` (the text config left out)."""
+    found: dict[int, int] = {}
+    for config in configs:
+        if config is text:
+            continue
+        fields = vars(config)
+        hidden = fields.get("hidden_size")
+        for key in _MERGES:
+            merge = fields.get(key)
+            if isinstance(hidden, int) and isinstance(merge, int) and merge > 1:
+                found[hidden * merge * merge] = merge * merge
+    return found
+
+
+_LAYER_ID = re.compile(r"_layer_(id|idx|index)$")
+
+
+def layer_ids_inside(config: Any, depth: int) -> None:
+    """A single layer index (``insert_layer_id``: the layer after which a tower merges its
+    patches) kept inside the shrunk depth; past it the layer would never be reached while
+    the code after the tower still counts on it."""
+    for key, value in list(vars(config).items()):
+        is_index = isinstance(value, int) and not isinstance(value, bool)
+        if _LAYER_ID.search(key) and is_index and value >= depth:
+            setattr(config, key, depth - 1)

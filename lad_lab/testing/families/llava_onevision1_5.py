@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from app.engine.kv_cache import cache_argument
-from lad_lab.testing.tiny_models import build_tiny
+from lad_lab.testing.families.qwen import build_qwen2
 
 MODEL_TYPE = "llavaonevision1_5"
 
@@ -86,7 +86,7 @@ def build(seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, Any]:
     (Λ = 7..11) and grouped heads 4 : 1."""
     overrides.setdefault("num_hidden_layers", 12)
     overrides.setdefault("num_key_value_heads", 1)
-    qwen, processor = build_tiny("qwen2_5_vl", seed=seed, **overrides)
+    qwen, processor = build_qwen2("qwen2_5_vl", seed=seed, **overrides)
     fields = qwen.config.to_dict()
     for key in ("model_type", "architectures", "transformers_version"):
         fields.pop(key, None)
@@ -105,7 +105,7 @@ def save_remote_code_checkpoint(directory: Path, seed: int = 0, **overrides: Any
     model.config.architectures = ["StandInForConditionalGeneration"]
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
-    here = "lad_lab.testing._tiny_llava_onevision1_5"
+    here = "lad_lab.testing.families.llava_onevision1_5"
     (directory / "configuration_llavaonevision1_5.py").write_text(
         f"from {here} import StandInConfig\n"
     )
