@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from lad_lab.demo.world import RetrievalExample
 from lad_client.vocabulary import IGNORED_RERANK_FIELDS
+from lad_lab.demo.world import RetrievalExample
 from tests.api.helpers import b64, data_url, multipart_files, retrieve_body
 
 PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
