@@ -20,11 +20,13 @@ Two rules say how many of a window advance, and :func:`choose_rule` picks one fr
   top_n > 1). With a judge that orders every window consistently, the ranking's first
   top_n are the true top_n. Its cost grows with top_n: a full ranking (top_n = C) drops one
   candidate per window per round, about W·ln(C/W) windows (53 for C = 64, W = 12).
-* ``halving``: the best ``min(top_n, ⌊size / 2⌋)``, successive halving. Round 1 scores
-  every candidate once (k = ⌈C/W⌉ windows) and every later round refines the upper half of
-  the one before, so round r has at most ⌈k / 2^(r−1)⌉ windows and the whole costs at most
-  ``halving_bound(C, W)`` = Σ_j ⌈k / 2^j⌉ ≤ 2k + ⌈log2 k⌉ − 1 windows whatever top_n. The
-  exact-top_n property holds for top_n ≤ ⌊s/2⌋ of every window played.
+* ``halving``: successive halving, filled. Each round plays at most half as many windows
+  as the one before, ⌈k/2⌉, and as many advance as those windows hold (near-equal shares
+  of ⌈k/2⌉·W, at most min(top_n, size − 1) of a window, at least min(top_n, ⌊size/2⌋)). Round 1
+  scores every candidate once (k = ⌈C/W⌉ windows) and every later round refines the best
+  of the one before, in full windows, so the whole costs at most ``halving_bound(C, W)`` =
+  Σ_j ⌈k / 2^j⌉ ≤ 2k + ⌈log2 k⌉ − 1 windows whatever top_n. The exact-top_n property holds
+  for top_n ≤ ⌊s/2⌋ of every window played.
 
 ``choose_rule`` keeps ``runners_up`` whenever it costs at most ``COST_FACTOR`` (2) times
 the top-1 tournament of the same (C, W), and takes ``halving`` otherwise; for top_n = 1
@@ -53,13 +55,20 @@ COST_FACTOR = 2
 """``runners_up`` runs while it costs at most this many times the top-1 tournament."""
 
 
-def advance(size: int, top_n: int, rule: str) -> int:
-    """How many of a window of ``size`` go on to the next round under ``rule``."""
+def advances(sizes: Sequence[int], top_n: int, window: int, rule: str) -> list[int]:
+    """How many of each window of a round (``sizes``, in order) go on under ``rule``."""
+    caps = [min(top_n, s - 1) for s in sizes]
     if rule == "runners_up":
-        return min(top_n, size - 1)
-    if rule == "halving":
-        return min(top_n, size // 2)
-    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+        return caps
+    if rule != "halving":
+        raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+    room = -(-len(sizes) // 2) * window  # what the next round's ⌈k/2⌉ windows hold
+    if sum(caps) <= room:
+        return caps
+    # near-equal shares of the room, the larger ones to the first (larger) windows: never
+    # above a window's cap, since caps differ by at most one and the larger come first
+    base, extra = divmod(room, len(sizes))
+    return [base + 1] * extra + [base] * (len(sizes) - extra)
 
 
 def _rounds(candidates: int, window: int, top_n: int, rule: str) -> list[list[int]]:
@@ -69,7 +78,7 @@ def _rounds(candidates: int, window: int, top_n: int, rule: str) -> list[list[in
         rounds.append(sizes)
         if len(sizes) == 1:
             return rounds
-        remaining = sum(advance(s, top_n, rule) for s in sizes)
+        remaining = sum(advances(sizes, top_n, window, rule))
 
 
 def _windows(rounds: list[list[int]]) -> int:
@@ -173,14 +182,14 @@ class Tournament:
         self.windows_played += len(windows)
         final = len(windows) == 1
         survivors: list[int] = []
-        for w, p in zip(windows, probabilities, strict=True):
+        going = advances([len(w) for w in windows], self.top_n, self.window, self.rule)
+        for w, p, a in zip(windows, probabilities, going, strict=True):
             p = np.asarray(p, dtype=np.float64)
             idx = np.asarray(w)
             self._reached[idx] = self.rounds_played
             self._score[idx] = p
             if not final:
-                best = np.argsort(-p, kind="stable")[: advance(len(w), self.top_n, self.rule)]
-                survivors += [w[i] for i in best]
+                survivors += [w[i] for i in np.argsort(-p, kind="stable")[:a]]
         self._pending = None
         self._alive = sorted(survivors)
         self._done = final

@@ -90,7 +90,7 @@ def test_a_full_ranking_costs_at_most_twice_a_top_1_rerank(client: Any) -> None:
         [11, 11, 11, 11, 10, 10],
         [6],
     ]
-    assert ranked["meta"]["windows"] == [[11, 11, 11, 11, 10, 10], [10, 10, 10], [8, 7], [7]]
+    assert ranked["meta"]["windows"] == [[11, 11, 11, 11, 10, 10], [12, 12, 12], [12, 12], [12]]
     assert ranked["usage"]["forward_passes"] == 12 <= 2 * 7  # 53 under the runners-up rule
     assert sorted(x["index"] for x in ranked["results"]) == list(range(64))
     scores = [x["relevance_score"] for x in ranked["results"]]
@@ -135,3 +135,26 @@ def test_the_wire_types_leave_the_document_limit_to_the_server(count: int) -> No
         {"query": QUERY, "documents": ["x"] * count, "top_n": count, "window": count}
     )
     assert len(request.images()) == count
+
+
+def test_a_document_corrupt_past_its_header_fails_the_request_cleanly(client: Any) -> None:
+    """Headers are all checked before any forward; a body cut short after its header is
+    found when its batch decodes (the first round decodes every document), answered 400
+    with nothing left held."""
+    import base64
+
+    docs = documents(40, 16)
+    cut = base64.b64decode(docs[30])
+    docs[30] = base64.b64encode(cut[: len(cut) // 2]).decode()
+    bad_header = [
+        *documents(40, 16)[:39],
+        base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"x" * 40).decode(),
+    ]
+    r, _ = post(client, {"query": QUERY, "documents": bad_header, "method": "vanilla"})
+    assert r.status_code == 400 and "documents[39]" in r.text
+    service = client.app.state.service
+    before = service.worker.batcher.depth
+    r, _ = post(client, {"query": QUERY, "documents": docs, "method": "vanilla", "window": 4})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image", r.text
+    assert "documents[30]" in r.text
+    assert service.budget.used == 0 and service.worker.batcher.depth == before

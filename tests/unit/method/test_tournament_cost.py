@@ -80,10 +80,23 @@ def test_full_ranking_of_64_costs_what_it_must() -> None:
     """Today's rule for top_n = 64 (53 windows at W = 12, 57 at W = 8) against halving."""
     assert windows(64, 12, 64, "runners_up") == 53 and windows(64, 8, 64, "runners_up") == 57
     assert T.choose_rule(64, 12, 64) == "halving"
-    assert T.window_sizes(64, 12, 64) == [[11, 11, 11, 11, 10, 10], [10, 10, 10], [8, 7], [7]]
+    assert T.window_sizes(64, 12, 64) == [[11, 11, 11, 11, 10, 10], [12, 12, 12], [12, 12], [12]]
     assert windows(64, 12, 64) == 12 <= 2 * windows(64, 12, 1) == 14
     assert windows(64, 8, 64) == 15 <= 2 * windows(64, 8, 1) == 18
-    assert windows(256, 12, 256) == 44 and windows(1000, 8, 1000) == 250
+    assert windows(256, 12, 256) == 45 and windows(1000, 8, 1000) == 251
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 3000), st.integers(2, 64), st.integers(1, 3000))
+def test_halving_fills_half_as_many_windows(remaining: int, w: int, top_n: int) -> None:
+    """A round of k windows sends on what ⌈k/2⌉ full windows hold, never more than
+    min(top_n, size − 1) of a window and never fewer than min(top_n, ⌊size/2⌋)."""
+    sizes = T.split_sizes(remaining, w)
+    going = T.advances(sizes, top_n, w, "halving")
+    caps = T.advances(sizes, top_n, w, "runners_up")
+    assert sum(going) == min(sum(caps), -(-len(sizes) // 2) * w)
+    for s, a, cap in zip(sizes, going, caps, strict=True):
+        assert min(top_n, s // 2) <= a <= cap
 
 
 def test_small_top_n_keeps_the_knockout() -> None:
