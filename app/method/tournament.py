@@ -65,10 +65,11 @@ def advances(sizes: Sequence[int], top_n: int, window: int, rule: str) -> list[i
     room = -(-len(sizes) // 2) * window  # what the next round's ⌈k/2⌉ windows hold
     if sum(caps) <= room:
         return caps
-    # near-equal shares of the room, the larger ones to the first (larger) windows: never
-    # above a window's cap, since caps differ by at most one and the larger come first
+    # near-equal shares of the room, the larger ones to the first windows (the larger ones
+    # in split_sizes' order, where no share is above its window's cap: caps differ by one)
     base, extra = divmod(room, len(sizes))
-    return [base + 1] * extra + [base] * (len(sizes) - extra)
+    shares = [base + 1] * extra + [base] * (len(sizes) - extra)
+    return [min(a, cap) for a, cap in zip(shares, caps, strict=True)]
 
 
 def _rounds(candidates: int, window: int, top_n: int, rule: str) -> list[list[int]]:
@@ -110,8 +111,7 @@ def window_sizes(candidates: int, window: int, top_n: int, rule: str = "auto") -
 
 def halving_bound(candidates: int, window: int) -> int:
     """The most windows a ``halving`` tournament plays, whatever top_n: Σ_j ⌈k / 2^j⌉ down
-    to 1, k = ⌈C/W⌉ (round r + 1 keeps at most half of round r's candidates, so it has at
-    most ⌈k_r / 2⌉ windows)."""
+    to 1, k = ⌈C/W⌉ (round r + 1 sends on at most what ⌈k_r / 2⌉ windows hold)."""
     k, total = -(-candidates // window), 0
     while True:
         total += k
