@@ -10,6 +10,9 @@ Pillow's draft mode (a 4096² JPEG decodes at 512²), everything else decoded on
 resized once, straight to that budget, or straight to the processor's own input size
 when the model names it (Qwen: sides multiples of 28). The processor then has nothing
 left to shrink.
+The two steps are apart (``encoded``: every header checked, no pixel decoded; ``decode``:
+the pixels), so a rerank keeps its documents as their bytes and decodes one batch of
+windows at a time; ``images`` is both at once (retrieve, calibrate).
 Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once,
 their images on `LAD_DECODE_THREADS` shared threads (Pillow releases the GIL while it
 decodes, so the images of one large request decode in parallel), so at most that many
@@ -258,10 +261,15 @@ class Decoder:
         if timings is not None:
             timings["base64"] = timings.get("base64", 0.0) + (time.perf_counter() - start) * 1e3
         out = []
-        for i, raw in enumerate(raws):
-            probe = self._probe(raw, f"{where}[{i}]")
-            out.append(EncodedImage(raw, probe.where, probe.decoded_pixels, probe.size))
-            probe.image.close()
+        try:
+            for i, raw in enumerate(raws):
+                probe = self._probe(raw, f"{where}[{i}]")
+                out.append(EncodedImage(raw, probe.where, probe.decoded_pixels, probe.size))
+                probe.image.close()
+        except BaseException:
+            if sum(map(len, raws)) >= TRIM_AFTER_BYTES:
+                release_free_memory()
+            raise
         return out
 
     def decode(self, encoded: Sequence[EncodedImage], where: str) -> list[Image.Image]:
