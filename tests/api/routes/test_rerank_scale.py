@@ -158,3 +158,16 @@ def test_a_document_corrupt_past_its_header_fails_the_request_cleanly(client: An
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image", r.text
     assert "documents[30]" in r.text
     assert service.budget.used == 0 and service.worker.batcher.depth == before
+
+
+def test_multipart_takes_more_than_64_documents(client: Any) -> None:
+    import base64
+
+    files = [
+        ("documents", (f"{i}.png", base64.b64decode(doc), "image/png"))
+        for i, doc in enumerate(documents(100, 8))
+    ]
+    fields = {"query": QUERY, "method": "vanilla", "top_n": "100", "seed": "2"}
+    r = client.post("/v1/rerank", data=fields, files=files)
+    assert r.status_code == 200, r.text
+    assert sorted(x["index"] for x in r.json()["results"]) == list(range(100))
