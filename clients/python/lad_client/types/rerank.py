@@ -198,7 +198,8 @@ class RerankMeta(BaseModel):
     )
     timings_ms: dict[str, float] = Field(
         description="per stage, the keys of POST /v1/retrieve's timings_ms: decode (with its "
-        "base64 part), queue, process, forward, score (the rounds' batches summed), debias "
+        "base64 part; the headers up front, then each batch of windows' pixels as its round "
+        "runs, summed), queue, process, forward, score (the rounds' batches summed), debias "
         "(every window's and the tournament's), encode"
     )
 
