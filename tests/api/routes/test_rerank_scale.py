@@ -171,3 +171,27 @@ def test_multipart_takes_more_than_64_documents(client: Any) -> None:
     r = client.post("/v1/rerank", data=fields, files=files)
     assert r.status_code == 200, r.text
     assert sorted(x["index"] for x in r.json()["results"]) == list(range(100))
+
+
+def test_a_document_decoded_again_is_not_encoded_again(
+    client: Any, runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Later rounds decode their documents afresh; the encoder cache knows them by content,
+    so the vision tower sees each document once."""
+    import numpy as np
+
+    from app.engine.encoder_cache import EncoderCache
+
+    cache = EncoderCache(64, runner.encoder_cache.fingerprint)  # the shared runner's is off
+    monkeypatch.setattr(runner, "encoder_cache", cache)
+    rng = np.random.default_rng(20240611)
+    docs = [
+        b64(Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))) for _ in range(64)
+    ]
+    before = cache.snapshot()
+    r, _ = post(client, {"query": QUERY, "documents": docs, "method": "vanilla", "top_n": 64})
+    assert r.status_code == 200, r.text
+    after = cache.snapshot()
+    rounds = r.json()["meta"]["windows"]
+    assert after["misses"] - before["misses"] == 64
+    assert after["hits"] - before["hits"] == sum(map(sum, rounds[1:]))
