@@ -192,6 +192,14 @@ def render(results: list[dict[str, Any]]) -> list[str]:
                 f"## Full ranking of {r['candidates']} documents, window {r['window']}, "
                 f"{method} ({r['items']} items: item seeds {', '.join(map(str, r['item_seeds']))})",
                 "",
+                "Per item, three tournaments from one seed (the same first round): "
+                "`exhaustive` (top_n = C, runners-up advance: the service's full ranking "
+                "before), `halving` (top_n = C as the service plays it now), `top-1` (top_n "
+                "unset). NDCG@10 (GT): the GT the one relevant document; NDCG@10 (graded): "
+                "gain 2^a − 1 for a document showing a of the query's five attributes; Kendall "
+                "tau of the whole ranking against the exhaustive one. The item seeds stand in "
+                "for the eval seed here.",
+                "",
                 "| tournament | forward passes / item | NDCG@10 (GT) | NDCG@10 (graded) | "
                 "top-1 (%) | Kendall tau vs exhaustive |",
                 "|:--|--:|--:|--:|--:|--:|",
