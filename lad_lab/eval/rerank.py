@@ -31,7 +31,7 @@ import numpy as np
 from app.cli_help import command_parser
 from lad_lab.eval.datasets import open_dataset, open_image
 from lad_lab.eval.protocol import apply_ordering, balanced_count, gt_positions, item_orderings
-from lad_lab.eval.rerank_play import Evidence, calibrate_sizes, calibrated, play
+from lad_lab.eval.rerank_play import Evidence, calibrate_sizes, calibrated, paired, play, with_ci
 from lad_lab.eval.stats import BOOTSTRAP_SAMPLES, bootstrap_indices, mean_ci
 from app.method.methods import MethodConfig, apply_method
 
@@ -41,16 +41,6 @@ TOURNAMENT_METHODS: tuple[str, ...] = ("vanilla", "agd", "perm_avg")
 def _summary(per_item: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, Any]:
     return {
         name: {"mean": float(v.mean()), "ci": mean_ci(v, indices)} for name, v in per_item.items()
-    }
-
-
-def _paired(a: np.ndarray, b: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
-    d = a - b
-    ci = mean_ci(d, indices)
-    return {
-        "mean": float(d.mean()),
-        "ci": ci,
-        "verdict": "inside noise" if ci[0] <= 0 <= ci[1] else "CI excludes 0",
     }
 
 
@@ -97,10 +87,10 @@ def rerank_part(
                 "mrr": _summary(rr, indices),
                 "forward_passes": {m: float(v.mean()) for m, v in cost.items()},
                 "paired_top1": {
-                    "agd - vanilla": _paired(top1["agd"], top1["vanilla"], indices),
-                    "agd - perm_avg": _paired(top1["agd"], top1["perm_avg"], indices),
+                    "agd - vanilla": paired(top1["agd"], top1["vanilla"], indices),
+                    "agd - perm_avg": paired(top1["agd"], top1["perm_avg"], indices),
                 },
-                "paired_mrr": {"agd - vanilla": _paired(rr["agd"], rr["vanilla"], indices)},
+                "paired_mrr": {"agd - vanilla": paired(rr["agd"], rr["vanilla"], indices)},
             }
         )
     return results
@@ -148,14 +138,10 @@ def multi_n_part(
                 "items": len(items),
                 "orderings": t,
                 "acc": _summary(acc, indices),
-                "paired": {"derived - direct": _paired(acc[names[0]], acc[names[1]], indices)},
+                "paired": {"derived - direct": paired(acc[names[0]], acc[names[1]], indices)},
             }
         )
     return results
-
-
-def _ci(x: dict[str, Any], digits: int = 1) -> str:
-    return f"{x['mean']:.{digits}f} [{x['ci'][0]:.{digits}f}, {x['ci'][1]:.{digits}f}]"
 
 
 def render(metrics: dict[str, Any]) -> str:
@@ -190,7 +176,7 @@ def render(metrics: dict[str, Any]) -> str:
         ]
         for m in TOURNAMENT_METHODS:
             lines.append(
-                f"| {m} | {_ci(r['top1'][m])} | {_ci(r['mrr'][m], 3)} | "
+                f"| {m} | {with_ci(r['top1'][m])} | {with_ci(r['mrr'][m], 3)} | "
                 f"{r['forward_passes'][m]:.1f} |"
             )
         lines += ["", "| paired (same items) | Δ | 95% CI | verdict |", "|:--|--:|--:|--:|"]
@@ -210,7 +196,7 @@ def render(metrics: dict[str, Any]) -> str:
             "| profile | Acc (%) [95% CI] |",
             "|:--|--:|",
         ]
-        lines += [f"| {name} | {_ci(x)} |" for name, x in r["acc"].items()]
+        lines += [f"| {name} | {with_ci(x)} |" for name, x in r["acc"].items()]
         d = r["paired"]["derived - direct"]
         lines += [
             "",

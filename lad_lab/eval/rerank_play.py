@@ -1,6 +1,7 @@
 """The engine of ``lad eval rerank``: the evidence cache (forwards shared between methods
 and tournaments that show the same images in the same order), one ``n: "all"`` calibration
-for every window size, and one item's tournament played as the service plays it."""
+for every window size, one item's tournament played as the service plays it, and the
+paired differences and CI text its reports share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from app.engine.interface import RetrievalItem
 from lad_lab.eval.datasets import EvalItem, open_image
+from lad_lab.eval.stats import mean_ci
 from app.method.calibrate import Calibration, estimate_calibration, multi_n_instances
 from app.method.methods import MethodConfig, apply_method, passes
 from app.method.tournament import Tournament
@@ -107,3 +109,19 @@ def calibrated(
     )
     calibrations = calibrate_sizes(evidence, calibration_items, range(2, args.window + 1), "all")
     return evidence, calibrations, frozenset(i.key for i in calibration_items)
+
+
+def paired(a: np.ndarray, b: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
+    """The mean per-item difference a − b with its item-bootstrap CI and a verdict."""
+    d = a - b
+    ci = mean_ci(d, indices)
+    return {
+        "mean": float(d.mean()),
+        "ci": ci,
+        "verdict": "inside noise" if ci[0] <= 0 <= ci[1] else "CI excludes 0",
+    }
+
+
+def with_ci(x: dict[str, Any], digits: int = 1) -> str:
+    """``mean [lo, hi]`` of a summary."""
+    return f"{x['mean']:.{digits}f} [{x['ci'][0]:.{digits}f}, {x['ci'][1]:.{digits}f}]"

@@ -29,7 +29,7 @@ import numpy as np
 
 from app.demo import world
 from lad_lab.eval.datasets import EvalItem, open_image
-from lad_lab.eval.rerank_play import calibrated, play
+from lad_lab.eval.rerank_play import calibrated, paired, play, with_ci
 from lad_lab.eval.stats import bootstrap_indices, mean_ci
 from app.method.methods import MethodConfig
 
@@ -160,21 +160,10 @@ def _summaries(
         if name == REFERENCE:
             continue
         out["paired"][f"{name} - {REFERENCE}"] = {
-            k: _paired(row[k], per[REFERENCE][k], indices)
+            k: paired(row[k], per[REFERENCE][k], indices)
             for k in ("ndcg10", "ndcg10_graded", "top1")
         }
     return out
-
-
-def _paired(a: np.ndarray, b: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
-    d = a - b
-    ci = mean_ci(d, indices)
-    verdict = "inside noise" if ci[0] <= 0 <= ci[1] else "CI excludes 0"
-    return {"mean": float(d.mean()), "ci": ci, "verdict": verdict}
-
-
-def _ci(x: dict[str, Any], digits: int) -> str:
-    return f"{x['mean']:.{digits}f} [{x['ci'][0]:.{digits}f}, {x['ci'][1]:.{digits}f}]"
 
 
 def _spread(x: dict[str, Any], digits: int) -> str:
@@ -205,9 +194,9 @@ def render(results: list[dict[str, Any]]) -> list[str]:
                 "|:--|--:|--:|--:|--:|--:|",
             ]
             for name, s in schemes.items():
+                cells = [with_ci(s[k], 1 if k == "top1" else 3) for k in METRICS[:-1]]
                 lines.append(
-                    f"| {name} | {s['forward_passes']['mean']:.1f} | {_ci(s['ndcg10'], 3)} | "
-                    f"{_ci(s['ndcg10_graded'], 3)} | {_ci(s['top1'], 1)} | {_ci(s['tau'], 3)} |"
+                    f"| {name} | {s['forward_passes']['mean']:.1f} | {' | '.join(cells)} |"
                 )
             lines += [
                 "",
