@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from app.cli_help import command_parser
+from app.method.methods import MethodConfig, apply_method
 from lad_lab.eval.datasets import open_dataset, open_image
 from lad_lab.eval.protocol import apply_ordering, balanced_count, gt_positions, item_orderings
 from lad_lab.eval.rerank_play import Evidence, calibrate_sizes, calibrated, paired, play, with_ci
 from lad_lab.eval.stats import BOOTSTRAP_SAMPLES, bootstrap_indices, mean_ci
-from app.method.methods import MethodConfig, apply_method
 
 TOURNAMENT_METHODS: tuple[str, ...] = ("vanilla", "agd", "perm_avg")
 
@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from lad_lab.eval.datasets.synthetic import image_size_for
     from app.models.loader import load_runner
+    from lad_lab.eval.datasets.synthetic import image_size_for
 
     started = time.perf_counter()
     runner = load_runner(args.model, threads=args.threads)

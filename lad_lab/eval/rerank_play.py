@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from app.engine.interface import RetrievalItem
-from lad_lab.eval.datasets import EvalItem, open_image
-from lad_lab.eval.stats import mean_ci
 from app.method.calibrate import Calibration, estimate_calibration, multi_n_instances
 from app.method.methods import MethodConfig, apply_method, passes
 from app.method.tournament import Tournament
+from lad_lab.eval.datasets import EvalItem, open_image
+from lad_lab.eval.stats import mean_ci
 
 
 class Evidence:

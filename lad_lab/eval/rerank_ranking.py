@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from app.demo import world
+from app.method.methods import MethodConfig
 from lad_lab.eval.datasets import EvalItem, open_image
 from lad_lab.eval.rerank_play import calibrated, paired, play, with_ci
 from lad_lab.eval.stats import bootstrap_indices, mean_ci
-from app.method.methods import MethodConfig
 
 SCHEMES: dict[str, tuple[str, bool]] = {
     "exhaustive": ("runners_up", True),

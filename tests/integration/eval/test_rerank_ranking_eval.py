@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from app.demo import world
-from app.eval import cli
-from app.eval import rerank as R
-from app.eval import rerank_ranking as RR
-from app.eval.datasets import open_dataset
-from app.eval.datasets.synthetic import image_size_for
 from app.method.methods import MethodConfig
 from app.method.tournament import window_sizes
+from lad_lab.eval import cli
+from lad_lab.eval import rerank as R
+from lad_lab.eval import rerank_ranking as RR
+from lad_lab.eval.datasets import open_dataset
+from lad_lab.eval.datasets.synthetic import image_size_for
 
 
 @pytest.fixture(scope="module")
