@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from app.demo import world
 from app.method.methods import MethodConfig
+from lad_lab.demo import world
 from lad_lab.eval.datasets import EvalItem, open_image
 from lad_lab.eval.rerank_play import calibrated, paired, play, with_ci
 from lad_lab.eval.stats import bootstrap_indices, mean_ci

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from app.demo import world
 from app.method.methods import MethodConfig
 from app.method.tournament import window_sizes
+from lad_lab.demo import world
 from lad_lab.eval import cli
 from lad_lab.eval import rerank as R
 from lad_lab.eval import rerank_ranking as RR
