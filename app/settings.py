@@ -134,11 +134,12 @@ class Settings(BaseSettings):
     # --- input limits (docs/api.md "Limits and errors") ------------------------------------
     max_images: int = Field(12, ge=2, le=MAX_N, description="most candidate images per request")
     max_rerank_candidates: int = Field(
-        64,
+        256,
         ge=2,
-        le=MAX_N,
-        description="most documents per /v1/rerank request (above the "
-        "largest window they go through the windowed tournament)",
+        le=10_000,
+        description="most documents per /v1/rerank request (above the largest window they go "
+        "through the windowed tournament; their pixels are decoded a batch of windows at a "
+        "time, so memory grows with their bytes, within LAD_MAX_BODY_BYTES, not their number)",
     )
     max_rerank_passes: int = Field(
         256,
@@ -157,7 +158,8 @@ class Settings(BaseSettings):
         201_326_592,
         ge=1,
         description="decoded pixels per request, all images together, "
-        "after JPEG draft reduction (default: twelve 4096 x 4096 images)",
+        "after JPEG draft reduction (default: twelve 4096 x 4096 images); /v1/rerank: the "
+        "images of one batch of windows, which it decodes at once",
     )
     max_aspect_ratio: float = Field(
         100.0,

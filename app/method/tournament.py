@@ -5,13 +5,33 @@ Each round the surviving candidates are shuffled (a generator seeded per request
 into k = ceil(R / W) windows of near-equal size (sizes differ by at most one), so no
 candidate is systematically shown at a favoured position. The caller scores every window
 of a round (all of them in one batch of forward passes) and hands back each window's
-probabilities, in the window's position order. The best ``advance = min(top_n, size − 1)``
-of each window go on (the winner, and runners-up for top_n > 1); a round whose survivors
-fit in one window is the final. The ranking orders candidates by the round they reached,
-then by their probability in the last window they played, then by index.
+probabilities, in the window's position order. The best of each window go on (how many:
+the rule, below); a round whose survivors fit in one window is the final. The ranking
+orders candidates by the round they reached, then by their probability in the last window
+they played, then by index.
 
 The window sizes of every round depend only on (C, W, top_n), never on the answers, so
 :func:`window_sizes` tells the caller up front which N it needs a profile for.
+
+Two rules say how many of a window advance, and :func:`choose_rule` picks one from
+(C, W, top_n) alone, so the cost is known before the first forward:
+
+* ``runners_up``: the best ``min(top_n, size − 1)`` (the winner, and runners-up for
+  top_n > 1). With a judge that orders every window consistently, the ranking's first
+  top_n are the true top_n. Its cost grows with top_n: a full ranking (top_n = C) drops one
+  candidate per window per round, about W·ln(C/W) windows (53 for C = 64, W = 12).
+* ``halving``: successive halving, filled. Each round plays at most half as many windows
+  as the one before, ⌈k/2⌉, and as many advance as those windows hold (near-equal shares
+  of ⌈k/2⌉·W, at most min(top_n, size − 1) of a window, at least min(top_n, ⌊size/2⌋)). Round 1
+  scores every candidate once (k = ⌈C/W⌉ windows) and every later round refines the best
+  of the one before, in full windows, so the whole costs at most ``halving_bound(C, W)`` =
+  Σ_j ⌈k / 2^j⌉ ≤ 2k + ⌈log2 k⌉ − 1 windows whatever top_n. The exact-top_n property holds
+  for top_n ≤ ⌊s/2⌋ of every window played.
+
+``choose_rule`` keeps ``runners_up`` whenever it costs at most ``COST_FACTOR`` (2) times
+the top-1 tournament of the same (C, W), and takes ``halving`` otherwise; for top_n = 1
+both are the top-1 tournament. So no tournament costs more than max(2·F1, halving_bound),
+F1 the top-1 tournament's windows (≤ 2.06·F1 for every C ≤ 2000, W ≤ 64).
 """
 
 from __future__ import annotations
@@ -29,20 +49,75 @@ def split_sizes(remaining: int, window: int) -> list[int]:
     return [base + 1] * extra + [base] * (k - extra)
 
 
-def _advance(size: int, top_n: int) -> int:
-    return min(top_n, size - 1)
+RULES: tuple[str, ...] = ("runners_up", "halving")
+"""How many of a window advance (see the module docstring); ``"auto"`` is ``choose_rule``."""
+COST_FACTOR = 2
+"""``runners_up`` runs while it costs at most this many times the top-1 tournament."""
 
 
-def window_sizes(candidates: int, window: int, top_n: int) -> list[list[int]]:
-    """The window sizes of every round, final included (independent of the answers)."""
-    _check(candidates, window, top_n)
+def advances(sizes: Sequence[int], top_n: int, window: int, rule: str) -> list[int]:
+    """How many of each window of a round (``sizes``, in order) go on under ``rule``."""
+    caps = [min(top_n, s - 1) for s in sizes]
+    if rule == "runners_up":
+        return caps
+    if rule != "halving":
+        raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
+    room = -(-len(sizes) // 2) * window  # what the next round's ⌈k/2⌉ windows hold
+    if sum(caps) <= room:
+        return caps
+    # near-equal shares of the room, the larger ones to the first windows (the larger ones
+    # in split_sizes' order, where no share is above its window's cap: caps differ by one)
+    base, extra = divmod(room, len(sizes))
+    shares = [base + 1] * extra + [base] * (len(sizes) - extra)
+    return [min(a, cap) for a, cap in zip(shares, caps, strict=True)]
+
+
+def _rounds(candidates: int, window: int, top_n: int, rule: str) -> list[list[int]]:
     rounds, remaining = [], candidates
     while True:
         sizes = split_sizes(remaining, window)
         rounds.append(sizes)
         if len(sizes) == 1:
             return rounds
-        remaining = sum(_advance(s, top_n) for s in sizes)
+        remaining = sum(advances(sizes, top_n, window, rule))
+
+
+def _windows(rounds: list[list[int]]) -> int:
+    return sum(len(r) for r in rounds)
+
+
+def choose_rule(candidates: int, window: int, top_n: int) -> str:
+    """``runners_up`` when it costs at most ``COST_FACTOR`` times the top-1 tournament of
+    the same candidates and window, else ``halving`` (from the sizes alone)."""
+    _check(candidates, window, top_n)
+    runners_up = _windows(_rounds(candidates, window, top_n, "runners_up"))
+    top_1 = _windows(_rounds(candidates, window, 1, "runners_up"))
+    return "runners_up" if runners_up <= COST_FACTOR * top_1 else "halving"
+
+
+def _resolve(candidates: int, window: int, top_n: int, rule: str) -> str:
+    if rule == "auto":
+        return choose_rule(candidates, window, top_n)
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected auto or one of {RULES}")
+    return rule
+
+
+def window_sizes(candidates: int, window: int, top_n: int, rule: str = "auto") -> list[list[int]]:
+    """The window sizes of every round, final included (independent of the answers)."""
+    _check(candidates, window, top_n)
+    return _rounds(candidates, window, top_n, _resolve(candidates, window, top_n, rule))
+
+
+def halving_bound(candidates: int, window: int) -> int:
+    """The most windows a ``halving`` tournament plays, whatever top_n: Σ_j ⌈k / 2^j⌉ down
+    to 1, k = ⌈C/W⌉ (round r + 1 sends on at most what ⌈k_r / 2⌉ windows hold)."""
+    k, total = -(-candidates // window), 0
+    while True:
+        total += k
+        if k <= 1:
+            return total
+        k = -(-k // 2)
 
 
 def _check(candidates: int, window: int, top_n: int) -> None:
@@ -62,6 +137,7 @@ class Tournament:
     window: int
     top_n: int = 1
     seed: int = 0
+    rule: str = "auto"  # "runners_up", "halving", or "auto" (choose_rule; resolved here)
     rounds_played: int = 0
     windows_played: int = 0
     _alive: list[int] = field(default_factory=list)
@@ -72,6 +148,7 @@ class Tournament:
 
     def __post_init__(self) -> None:
         _check(self.candidates, self.window, self.top_n)
+        self.rule = _resolve(self.candidates, self.window, self.top_n, self.rule)
         self._rng = np.random.default_rng(self.seed)
         self._alive = list(range(self.candidates))
         self._reached = np.zeros(self.candidates, dtype=np.int64)
@@ -105,14 +182,14 @@ class Tournament:
         self.windows_played += len(windows)
         final = len(windows) == 1
         survivors: list[int] = []
-        for w, p in zip(windows, probabilities, strict=True):
+        going = advances([len(w) for w in windows], self.top_n, self.window, self.rule)
+        for w, p, a in zip(windows, probabilities, going, strict=True):
             p = np.asarray(p, dtype=np.float64)
             idx = np.asarray(w)
             self._reached[idx] = self.rounds_played
             self._score[idx] = p
             if not final:
-                best = np.argsort(-p, kind="stable")[: _advance(len(w), self.top_n)]
-                survivors += [w[i] for i in best]
+                survivors += [w[i] for i in np.argsort(-p, kind="stable")[:a]]
         self._pending = None
         self._alive = sorted(survivors)
         self._done = final
@@ -148,10 +225,17 @@ Judge = Callable[[list[list[int]]], Sequence[Sequence[float]]]
 """Scores one round: its windows (candidate indices in position order) -> probabilities."""
 
 
-def run(candidates: int, window: int, judge: Judge, top_n: int = 1, seed: int = 0) -> Tournament:
+def run(
+    candidates: int,
+    window: int,
+    judge: Judge,
+    top_n: int = 1,
+    seed: int = 0,
+    rule: str = "auto",
+) -> Tournament:
     """Drive a tournament with a synchronous ``judge(windows) -> probabilities per window``
     (the evaluation's way; the service drives :class:`Tournament` itself, asynchronously)."""
-    t = Tournament(candidates, window, top_n, seed)
+    t = Tournament(candidates, window, top_n, seed, rule)
     while (windows := t.next_round()) is not None:
         t.record(judge(windows))
     return t

@@ -6,6 +6,11 @@ process's peak resident memory above its idle level (after a warm-up request) an
 still held a few seconds after the answers. Targets (issue 10): one request < 300 MiB
 above idle, four concurrent < 1 GiB, nothing held afterwards. Prints a table and writes
 JSON under bench/results/.
+
+``--rerank C [C ...]`` measures /v1/rerank instead: one request of C distinct documents
+(``--side`` PNGs) for each C, ranked in full (top_n = C) and with top_n unset, the peak
+above idle beside the body's size and the forward passes spent (a rerank decodes a batch of
+windows at a time, so its memory should follow its bytes, not C).
 """
 
 from __future__ import annotations
@@ -39,10 +44,30 @@ def big_image(fmt: str, side: int = SIDE) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def document(index: int, side: int) -> str:
+    """A distinct side x side PNG per index (a gradient and a disc where the index says)."""
+    gradient = Image.linear_gradient("L").resize((side, side)).rotate(index % 360)
+    image = Image.merge("RGB", (gradient, gradient.rotate(90), gradient.rotate(180)))
+    x, y = (index * 37) % side, (index * 91) % side
+    ImageDraw.Draw(image).ellipse((x - side // 6, y - side // 6, x + side // 6, y + side // 6))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def _post(url: str, body: dict[str, Any]) -> tuple[int, float]:
     start = time.perf_counter()
     response = httpx.post(f"{url}/v1/retrieve", json=body, timeout=300.0)
     return response.status_code, time.perf_counter() - start
+
+
+def _rerank(url: str, body: dict[str, Any]) -> tuple[int, float, int | None]:
+    """(status, seconds, forward passes spent)."""
+    start = time.perf_counter()
+    response = httpx.post(f"{url}/v1/rerank", json=body, timeout=600.0)
+    seconds = time.perf_counter() - start
+    ok = response.status_code == 200
+    return response.status_code, seconds, response.json()["usage"]["forward_passes"] if ok else None
 
 
 def measure(
@@ -94,6 +119,57 @@ def run(model: str, threads: int, settle_s: float, side: int = SIDE) -> dict[str
     }
 
 
+def run_rerank(
+    model: str, threads: int, settle_s: float, counts: list[int], side: int
+) -> dict[str, Any]:
+    env = {
+        "LAD_MODEL": model,
+        "LAD_TORCH_THREADS": str(threads),
+        "LAD_MAX_RERANK_CANDIDATES": str(max(counts)),
+        "LAD_MAX_BODY_BYTES": str(1 << 30),
+    }
+    docs = [document(i, side) for i in range(max(counts))]
+    rows: list[dict[str, Any]] = []
+    with Served(env) as served:
+        warm = {"query": "a red circle", "method": "vanilla", "documents": docs[:4], "top_n": 2}
+        for _ in range(3):
+            _rerank(served.url, warm)
+        time.sleep(settle_s)
+        idle = served.rss_mib()
+        for c in counts:
+            for top_n in (None, c):
+                body: dict[str, Any] = {"query": "a red circle", "method": "vanilla", "seed": 1}
+                body.update(documents=docs[:c], **({} if top_n is None else {"top_n": top_n}))
+                with PeakRSS(served.pid) as peak:
+                    status, latency, forwards = _rerank(served.url, body)
+                time.sleep(settle_s)
+                rows.append(
+                    {
+                        "documents": c,
+                        "top_n": top_n,
+                        "status": status,
+                        "body_mib": round(sum(map(len, docs[:c])) / 2**20, 1),
+                        "forward_passes": forwards,
+                        "latency_s": round(latency, 2),
+                        "peak_above_idle_mib": round(peak.peak - idle, 1),
+                        "held_after_mib": round(served.rss_mib() - idle, 1),
+                    }
+                )
+    return {"model": model, "threads": threads, "side": side, "idle_rss_mib": round(idle, 1),
+            "rows": rows}  # fmt: skip
+
+
+def _print_rerank(record: dict[str, Any]) -> None:
+    print(f"idle RSS {record['idle_rss_mib']} MiB; /v1/rerank of {record['side']}² PNGs")
+    print("| documents | top_n | status | body MiB | forwards | latency s | peak above idle MiB |")
+    print("|--:|--:|:--|--:|--:|--:|--:|")
+    for r in record["rows"]:
+        print(
+            f"| {r['documents']} | {r['top_n'] or 'unset'} | {r['status']} | {r['body_mib']} | "
+            f"{r['forward_passes']} | {r['latency_s']} | {r['peak_above_idle_mib']} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(prog="lad bench memory", description=__doc__, raw_description=True)
     parser.add_argument("--model", default="demo", help="model to serve (default: demo)")
@@ -107,8 +183,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--side", type=int, default=SIDE, help=f"image side in pixels (default {SIDE})"
     )
-    parser.add_argument("--out", default="bench/results/memory_demo.json")
+    parser.add_argument(
+        "--rerank",
+        type=int,
+        nargs="*",
+        default=[],
+        help="measure one /v1/rerank of each of these document counts instead (--side: 512 "
+        "if unset)",
+    )
+    parser.add_argument("--out", default=None, help="record (default: bench/results/...)")
     args = parser.parse_args(argv)
+    if args.rerank:
+        side = args.side if args.side != SIDE else 512
+        record = run_rerank(args.model, args.threads, args.settle_s, args.rerank, side)
+        _print_rerank(record)
+        write_record(args.out or "bench/results/memory_rerank_demo.json", record)
+        return 0
     record = run(args.model, args.threads, args.settle_s, args.side)
     print(f"idle RSS {record['idle_rss_mib']} MiB; requests of 12 x {args.side}x{args.side} images")
     print(
@@ -123,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_above_idle_mib']} | {r['held_after_mib']} |"
         )
     print(f"held at the end: {record['final_held_mib']} MiB above idle")
-    write_record(args.out, record)
+    write_record(args.out or "bench/results/memory_demo.json", record)
     return 0
 
 

@@ -23,99 +23,19 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app.cli_help import command_parser
-from app.engine.interface import RetrievalItem
-from app.method.calibrate import Calibration, estimate_calibration, multi_n_instances
-from app.method.methods import MethodConfig, apply_method, passes
-from app.method.tournament import Tournament
-from lad_lab.eval.datasets import EvalItem, open_dataset, open_image
+from app.method.methods import MethodConfig, apply_method
+from lad_lab.eval.datasets import open_dataset, open_image
 from lad_lab.eval.protocol import apply_ordering, balanced_count, gt_positions, item_orderings
+from lad_lab.eval.rerank_play import Evidence, calibrate_sizes, calibrated, paired, play, with_ci
 from lad_lab.eval.stats import BOOTSTRAP_SAMPLES, bootstrap_indices, mean_ci
 
 TOURNAMENT_METHODS: tuple[str, ...] = ("vanilla", "agd", "perm_avg")
-
-
-class Evidence:
-    """Forward passes of one runner, cached by (item, images in position order), so that
-    methods sharing a window share its forward; ``computed`` counts real forwards."""
-
-    def __init__(self, runner: Any, batch_size: int, labels: str = "digits") -> None:
-        self.runner, self.batch_size, self.labels = runner, batch_size, labels
-        self.cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self.computed = 0
-
-    def get(
-        self, requests: Sequence[tuple[tuple[Any, ...], str, list[Any]]]
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(key, query, images) -> (s, a) each, computing the missing ones in batches."""
-        missing = list({key: (q, ims) for key, q, ims in requests if key not in self.cache}.items())
-        for start in range(0, len(missing), self.batch_size):
-            chunk = missing[start : start + self.batch_size]
-            out = self.runner.forward([RetrievalItem(q, ims) for _, (q, ims) in chunk], self.labels)
-            for (key, _), s, a in zip(chunk, out.scores, out.attention, strict=True):
-                self.cache[key] = (np.asarray(s, np.float64), np.asarray(a, np.float64))
-            self.computed += len(chunk)
-        return [self.cache[key] for key, _, _ in requests]
-
-
-def calibrate_sizes(
-    evidence: Evidence, items: Sequence[EvalItem], sizes: Sequence[int], tag: str, seed: int = 0
-) -> dict[int, Calibration]:
-    """One calibration per N from the same examples (the service's ``n`` calibration)."""
-    examples = [(it.query, [open_image(im) for im in it.images], it.answer) for it in items]
-    plan = multi_n_instances(examples, sizes, seed)
-    out = {}
-    for n, (instances, gt) in plan.items():
-        keyed = [(("calibration", tag, n, r), q, ims) for r, (q, ims) in enumerate(instances)]
-        got = evidence.get(keyed)
-        out[n] = estimate_calibration(
-            np.stack([g[0] for g in got]), np.stack([g[1] for g in got]), gt
-        )
-    return out
-
-
-def play(
-    evidence: Evidence,
-    item: EvalItem,
-    images: list[Any],
-    method: str,
-    window: int,
-    calibrations: dict[int, Calibration],
-    config: MethodConfig,
-    seed: int,
-) -> tuple[list[int], int]:
-    """One item's tournament under ``method``: (full ranking, forward passes spent)."""
-    t = Tournament(len(images), window, 1, seed)
-    spent = 0
-    while (windows := t.next_round()) is not None:
-        requests, shape = [], []
-        for w in windows:
-            k = passes(method, len(w))
-            for r in range(k):
-                order = [w[(i + r) % len(w)] for i in range(len(w))]
-                requests.append(((item.id, *order), item.query, [images[i] for i in order]))
-            shape.append(k)
-        got, at, probabilities = evidence.get(requests), 0, []
-        for w, k in zip(windows, shape, strict=True):
-            mine, at = got[at : at + k], at + k
-            out = apply_method(
-                method,
-                mine[0][0],
-                mine[0][1],
-                calibrations.get(len(w)),
-                config,
-                rotated_scores=[g[0] for g in mine],
-            )
-            probabilities.append(out.probabilities)
-        spent += len(requests)
-        t.record(probabilities)
-    return t.ranking(), spent
 
 
 def _summary(per_item: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, Any]:
@@ -124,24 +44,10 @@ def _summary(per_item: dict[str, np.ndarray], indices: np.ndarray) -> dict[str, 
     }
 
 
-def _paired(a: np.ndarray, b: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
-    d = a - b
-    ci = mean_ci(d, indices)
-    return {
-        "mean": float(d.mean()),
-        "ci": ci,
-        "verdict": "inside noise" if ci[0] <= 0 <= ci[1] else "CI excludes 0",
-    }
-
-
 def rerank_part(
     runner: Any, dataset: Any, args: argparse.Namespace, config: MethodConfig
 ) -> list[dict[str, Any]]:
-    evidence = Evidence(runner, args.batch_size)
-    calibration_items = dataset.items(
-        args.calibration, args.window, "random", args.calibration_seed
-    )
-    calibrations = calibrate_sizes(evidence, calibration_items, range(2, args.window + 1), "all")
+    evidence, calibrations, calibration_keys = calibrated(runner, dataset, args)
     results = []
     for c in args.candidates:
         items = dataset.items(
@@ -149,7 +55,7 @@ def rerank_part(
             c,
             "random",
             args.eval_seed,
-            exclude=frozenset(i.key for i in calibration_items),
+            exclude=calibration_keys,
         )
         indices = bootstrap_indices(len(items), args.bootstrap)
         top1 = {m: np.zeros(len(items)) for m in TOURNAMENT_METHODS}
@@ -181,10 +87,10 @@ def rerank_part(
                 "mrr": _summary(rr, indices),
                 "forward_passes": {m: float(v.mean()) for m, v in cost.items()},
                 "paired_top1": {
-                    "agd - vanilla": _paired(top1["agd"], top1["vanilla"], indices),
-                    "agd - perm_avg": _paired(top1["agd"], top1["perm_avg"], indices),
+                    "agd - vanilla": paired(top1["agd"], top1["vanilla"], indices),
+                    "agd - perm_avg": paired(top1["agd"], top1["perm_avg"], indices),
                 },
-                "paired_mrr": {"agd - vanilla": _paired(rr["agd"], rr["vanilla"], indices)},
+                "paired_mrr": {"agd - vanilla": paired(rr["agd"], rr["vanilla"], indices)},
             }
         )
     return results
@@ -232,14 +138,10 @@ def multi_n_part(
                 "items": len(items),
                 "orderings": t,
                 "acc": _summary(acc, indices),
-                "paired": {"derived - direct": _paired(acc[names[0]], acc[names[1]], indices)},
+                "paired": {"derived - direct": paired(acc[names[0]], acc[names[1]], indices)},
             }
         )
     return results
-
-
-def _ci(x: dict[str, Any], digits: int = 1) -> str:
-    return f"{x['mean']:.{digits}f} [{x['ci'][0]:.{digits}f}, {x['ci'][1]:.{digits}f}]"
 
 
 def render(metrics: dict[str, Any]) -> str:
@@ -274,7 +176,7 @@ def render(metrics: dict[str, Any]) -> str:
         ]
         for m in TOURNAMENT_METHODS:
             lines.append(
-                f"| {m} | {_ci(r['top1'][m])} | {_ci(r['mrr'][m], 3)} | "
+                f"| {m} | {with_ci(r['top1'][m])} | {with_ci(r['mrr'][m], 3)} | "
                 f"{r['forward_passes'][m]:.1f} |"
             )
         lines += ["", "| paired (same items) | Δ | 95% CI | verdict |", "|:--|--:|--:|--:|"]
@@ -294,7 +196,7 @@ def render(metrics: dict[str, Any]) -> str:
             "| profile | Acc (%) [95% CI] |",
             "|:--|--:|",
         ]
-        lines += [f"| {name} | {_ci(x)} |" for name, x in r["acc"].items()]
+        lines += [f"| {name} | {with_ci(x)} |" for name, x in r["acc"].items()]
         d = r["paired"]["derived - direct"]
         lines += [
             "",
@@ -302,6 +204,10 @@ def render(metrics: dict[str, Any]) -> str:
             f"[{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}], {d['verdict']}.",
             "",
         ]
+    if metrics.get("ranking"):
+        from lad_lab.eval.rerank_ranking import render as render_ranking
+
+        lines += render_ranking(metrics["ranking"])
     return "\n".join(lines) + "\n"
 
 
@@ -312,6 +218,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--candidates", type=int, nargs="*", default=[16, 32], help="C to rerank")
     add("--window", type=int, default=8, help="largest window W")
     add("--multi-n", type=int, nargs="*", default=[4, 8], help="N for the n=all comparison")
+    add(
+        "--ranking",
+        type=int,
+        nargs="*",
+        default=[],
+        help="C for the full-ranking comparison (top_n = C: halving against the exhaustive "
+        "tournament, lad_lab/eval/rerank_ranking.py)",
+    )
+    add("--ranking-methods", nargs="+", default=["agd"], help="full-ranking part: methods")
+    add(
+        "--item-seeds",
+        type=int,
+        nargs="*",
+        default=[],
+        help="full-ranking part: item seeds pooled, --items each (default: --eval-seed)",
+    )
     add("--items", type=int, default=100)
     add("--orderings", type=int, default=4, help="multi-N part: balanced orderings per item")
     add("--calibration", type=int, default=5, help="M calibration examples")
@@ -346,6 +268,10 @@ def main(argv: list[str]) -> int:
         metrics["rerank"] = rerank_part(runner, dataset, args, config)
     if args.multi_n:
         metrics["multi_n"] = multi_n_part(runner, dataset, args, config)
+    if args.ranking:
+        from lad_lab.eval.rerank_ranking import ranking_part
+
+        metrics["ranking"] = ranking_part(runner, dataset, args, config)
     metrics["wall_s"] = round(time.perf_counter() - started, 1)
     metrics["load"] = (
         " ".join(Path("/proc/loadavg").read_text().split()[:3])

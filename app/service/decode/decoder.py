@@ -10,6 +10,9 @@ Pillow's draft mode (a 4096² JPEG decodes at 512²), everything else decoded on
 resized once, straight to that budget, or straight to the processor's own input size
 when the model names it (Qwen: sides multiples of 28). The processor then has nothing
 left to shrink.
+The two steps are apart (``encoded``: every header checked, no pixel decoded; ``decode``:
+the pixels), so a rerank keeps its documents as their bytes and decodes one batch of
+windows at a time; ``images`` is both at once (retrieve, calibrate).
 Only the small result is kept; at most `LAD_MAX_CONCURRENT_DECODES` requests decode at once,
 their images on `LAD_DECODE_THREADS` shared threads (Pillow releases the GIL while it
 decodes, so the images of one large request decode in parallel), so at most that many
@@ -34,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -173,6 +177,19 @@ def parse_label_text(text: str) -> LabelSpec:
         raise errors.InvalidLabels(f"labels {text[:80]!r}: {str(exc)[:200]}") from None
 
 
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image as received: its encoded bytes, its header checked, not yet decoded (a
+    rerank keeps every document so and decodes a window's images when its round runs)."""
+
+    raw: bytes
+    where: str
+    pixels: int
+    """The pixels decoding it holds at once (its size after JPEG draft reduction)."""
+    size: tuple[int, int]
+    """The size it is decoded to (chosen once, from its header)."""
+
+
 class _Probe:
     """An opened (header-only) image with its checks done and its decode size chosen."""
 
@@ -223,32 +240,59 @@ class Decoder:
     def images(
         self, inputs: Sequence[ImageInput], where: str, timings: dict[str, float] | None = None
     ) -> list[Image.Image]:
-        """Decode a request's images (call inside `slot()`, off the event loop).
+        """Decode a request's images (call inside `slot()`, off the event loop): ``encoded``
+        then ``decode``, all of them at once. ``timings`` (if given) receives ``base64``:
+        the milliseconds of the base64 step alone."""
+        encoded = self.encoded(inputs, where, timings)
+        try:
+            return self.decode(encoded, where)
+        finally:
+            if sum(len(e.raw) for e in encoded) >= TRIM_AFTER_BYTES:
+                release_free_memory()
 
-        Every header is checked before any pixel is decoded; then each image is decoded,
-        shrunk and its full-size pixels released, on the shared decode threads (in order:
-        the answer is the same as one at a time). ``timings`` (if given) receives
-        ``base64``: the milliseconds of the base64 step alone.
-        """
+    def encoded(
+        self, inputs: Sequence[ImageInput], where: str, timings: dict[str, float] | None = None
+    ) -> list[EncodedImage]:
+        """Every image's bytes (base64 decoded) with its header checked (format, size,
+        aspect ratio, the bomb guards) and its decode size known, no pixel decoded: a bad
+        image is refused here, before any forward pass. ``timings`` as in ``images``."""
         start = time.perf_counter()
         raws = [_to_bytes(data, f"{where}[{i}]", self.settings) for i, data in enumerate(inputs)]
         if timings is not None:
             timings["base64"] = timings.get("base64", 0.0) + (time.perf_counter() - start) * 1e3
+        out = []
+        try:
+            for i, raw in enumerate(raws):
+                probe = self._probe(raw, f"{where}[{i}]")
+                out.append(EncodedImage(raw, probe.where, probe.decoded_pixels, probe.size))
+                probe.image.close()
+        except BaseException:
+            if sum(map(len, raws)) >= TRIM_AFTER_BYTES:
+                release_free_memory()
+            raise
+        return out
+
+    def decode(self, encoded: Sequence[EncodedImage], where: str) -> list[Image.Image]:
+        """Decode images whose headers ``encoded`` checked (call inside `slot()`, off the
+        event loop), within LAD_MAX_REQUEST_PIXELS for what is decoded at once and the
+        replica's byte budget while it is: each is decoded, shrunk and its full-size pixels
+        released, on the shared decode threads (in order: the answer is the same as one at
+        a time)."""
+        total = sum(e.pixels for e in encoded)
+        if total > self.settings.max_request_pixels:
+            raise errors.ImageTooLarge(
+                f"{where} would decode to {total} pixels; the limit is "
+                f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
+            )
         probes: list[_Probe] = []
         held = 0
         try:
-            for i, raw in enumerate(raws):
-                probes.append(self._probe(raw, f"{where}[{i}]"))
-            total = sum(p.decoded_pixels for p in probes)
-            if total > self.settings.max_request_pixels:
-                raise errors.ImageTooLarge(
-                    f"{where} would decode to {total} pixels; the limit is "
-                    f"LAD_MAX_REQUEST_PIXELS={self.settings.max_request_pixels}"
-                )
+            for e in encoded:
+                probes.append(self._probe(e.raw, e.where, e.size))
             # the pixels decoded at once: all of them on the threads, else the largest
             threaded = len(probes) > 1 and self.settings.decode_threads > 1
             threaded = threaded and total > THREADED_PIXELS
-            at_once = total if threaded else max(p.decoded_pixels for p in probes)
+            at_once = total if threaded else max((p.decoded_pixels for p in probes), default=0)
             held = self.budget.reserve(at_once * PIXEL_BYTES, f"decoding {where}")
             if threaded:
                 pending = [self._decode_threads().submit(self._decode_one, p) for p in probes]
@@ -262,8 +306,6 @@ class Decoder:
             self.budget.release(held)
             for probe in probes:
                 probe.image.close()
-            if sum(map(len, raws)) >= TRIM_AFTER_BYTES:
-                release_free_memory()
 
     def _decode_threads(self) -> ThreadPoolExecutor:
         if self._threads is None:
@@ -280,8 +322,9 @@ class Decoder:
         probe.image = image
         return image
 
-    def _probe(self, raw: bytes, where: str) -> _Probe:
-        """Open the header only: format, size and aspect ratio checked, draft scale set."""
+    def _probe(self, raw: bytes, where: str, size: tuple[int, int] | None = None) -> _Probe:
+        """Open the header only: format, size and aspect ratio checked, draft scale set
+        (``size``: the decode size chosen when the header was first read)."""
         check_header(raw, where)  # what reading the header may cost, before Pillow reads it
         try:
             image = Image.open(io.BytesIO(raw), formats=self.formats)
@@ -311,7 +354,7 @@ class Decoder:
                     f"{where} is {width}x{height} pixels, an aspect ratio of {ratio:.0f}:1; the "
                     f"limit is LAD_MAX_ASPECT_RATIO={self.settings.max_aspect_ratio:g}"
                 )
-            size = self._size(width, height)
+            size = self._size(width, height) if size is None else size
             if image.format == "JPEG" and size != (width, height):
                 image.draft("RGB", size)  # decode at 1/2, 1/4 or 1/8 scale, still >= size
         except errors.ServiceError:

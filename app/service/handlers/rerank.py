@@ -4,11 +4,17 @@ passes, each window debiased with the profile of its own N.
 
 The stages of every request: decode (the model, counts and top_n, the fields sent that
 change nothing (counted and logged), the query, the documents in any accepted shape to
-images, the echo of what was sent) -> plan (the window, the
-rounds' window sizes and their forward passes, the labels of every window size resolved
-once each, the profile of every size or the fallback) -> run (round by round: a round's
-windows in one batch, each window debiased to advance its best) -> debias (the
-tournament's ranking and relevance) -> encode.
+their encoded bytes with every header checked, the echo of what was sent) -> plan (the
+window, the tournament's rule and rounds' window sizes and their forward passes, the labels
+of every window size resolved once each, the profile of every size or the fallback) -> run
+(round by round: a round's windows in batches of LAD_MAX_BATCH_SIZE windows, each batch's
+images decoded while the batch before runs, each window debiased to advance its best) ->
+debias (the tournament's ranking and relevance) -> encode.
+
+Memory does not grow with the documents beyond their bytes as received (the body, charged
+to the byte budget): the pixels of at most two batches of windows are held at once, one
+running and one decoding, and a document that plays again in a later round is decoded
+again (the encoder cache keeps the vision tower from encoding it twice).
 
 One document is decoded (so a bad one is refused as any other) and answered without a
 forward pass: it is the only candidate, so its rank is 1 and its relevance_score 1.0, the
@@ -17,20 +23,24 @@ probability any method gives the only label (a restricted softmax over one label
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from app import errors
 from app.method.methods import NEEDS_CALIBRATION, passes
-from app.method.tournament import Tournament, window_sizes
+from app.method.tournament import Tournament, choose_rule, window_sizes
 from app.observability import logs
 from app.service.decode import ImageInput
+from app.service.decode.decoder import EncodedImage
 from app.service.pipeline import Context, Handler, ms_since
 from lad_client.types import (
     RerankBilledUnits,
@@ -93,10 +103,12 @@ class RerankContext(Context):
     options: RerankOptions | None = None
     query: str = ""
     inputs: Sequence[ImageInput] = ()  # decode: the documents' images as sent
+    encoded: list[EncodedImage] = field(default_factory=list)  # decode: their checked bytes
     sent: list[SentDocument] | None = None  # decode: the echo (return_documents)
     ignored: Sequence[str] = ()  # the fields sent that change nothing
     top_n: int = 1
     window: int = 0  # plan
+    rule: str = "runners_up"  # plan: how many of a window advance (choose_rule)
     rounds: list[list[int]] | None = None  # plan: the window sizes of every round
     tournament: Tournament | None = None  # run
     seed: int = 0
@@ -155,9 +167,9 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         pipeline.decoder.query(ctx.query)
         for k, document in enumerate(ctx.inputs):
             _text_around_image(document, k)
-        async with pipeline.decoder.slot():
-            ctx.images = await run_in_threadpool(
-                pipeline.decoder.images, ctx.inputs, "documents", ctx.timings
+        async with pipeline.decoder.slot():  # every header checked; pixels when a round runs
+            ctx.encoded = await run_in_threadpool(
+                pipeline.decoder.encoded, ctx.inputs, "documents", ctx.timings
             )
 
     def _ignore(self, fields: Sequence[str]) -> None:
@@ -188,7 +200,8 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         size (or 409)."""
         options, pipeline, n = self._options(ctx), self.pipeline, ctx.n
         window = options.window or self._default_window(options)
-        rounds = window_sizes(n, min(window, n), ctx.top_n)
+        rule = choose_rule(n, min(window, n), ctx.top_n)
+        rounds = window_sizes(n, min(window, n), ctx.top_n, rule)
         needed = sorted({s for r in rounds for s in r})
         planned = sum(passes(options.method, s) for r in rounds for s in r)
         if planned > pipeline.settings.max_rerank_passes:
@@ -197,6 +210,14 @@ class Rerank(Handler[RerankContext, RerankResponse]):
                 f"{options.method}) would take {planned} forward passes; the limit is "
                 f"LAD_MAX_RERANK_PASSES={pipeline.settings.max_rerank_passes}: lower top_n, "
                 "use a larger window or another method"
+            )
+        at_once = min(n, self._batch_windows() * max(needed))  # a batch's images decode together
+        largest = sum(sorted((e.pixels for e in ctx.encoded), reverse=True)[:at_once])
+        if largest > pipeline.settings.max_request_pixels:
+            raise errors.ImageTooLarge(
+                f"the documents' {at_once} largest images, one batch of windows decoded at once, "
+                f"would decode to {largest} pixels; the limit is LAD_MAX_REQUEST_PIXELS="
+                f"{pipeline.settings.max_request_pixels}: send smaller images or a smaller window"
             )
         ctx.labels = {size: pipeline.labels(size, options.labels, "window") for size in needed}
 
@@ -211,7 +232,7 @@ class Rerank(Handler[RerankContext, RerankResponse]):
 
         plan = pipeline.plan(options.method, options.profile, list(ctx.labels.values()), refuse)
         pipeline.adopt(ctx, plan)
-        ctx.window, ctx.rounds = window, rounds
+        ctx.window, ctx.rule, ctx.rounds = window, rule, rounds
 
     async def plan(self, ctx: RerankContext) -> None:
         if ctx.n == 1:  # the only candidate: nothing to plan, no profile read
@@ -222,39 +243,90 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             logs.note(method=ctx.method, fallback=True)
 
     # -------------------------------------------------------------------- run
+    def _batch_windows(self) -> int:
+        """Windows decoded and submitted together: one batch's worth (LAD_MAX_BATCH_SIZE)."""
+        return self.pipeline.settings.max_batch_size
+
     async def run(self, ctx: RerankContext) -> None:
-        """Round by round: the round's windows in one batch, each debiased with its N's
-        profile so that its best advance (their debias time counted as debias)."""
-        pipeline, options, method = self.pipeline, self._options(ctx), ctx.method
+        """Round by round, a round's windows in batches: each batch's images decoded (the
+        next batch's while this one runs), its windows through the queue together, each
+        debiased with its N's profile so that its best advance (their debias time counted
+        as debias)."""
+        options = self._options(ctx)
         ctx.seed = options.seed if options.seed is not None else secrets.randbits(32)
         ctx.tokens = _PromptTokens()
         if ctx.n == 1:  # no forward pass: the only candidate ranks first
             return
-        ctx.tournament = tournament = Tournament(ctx.n, min(ctx.window, ctx.n), ctx.top_n, ctx.seed)
+        ctx.tournament = tournament = Tournament(
+            ctx.n, min(ctx.window, ctx.n), ctx.top_n, ctx.seed, ctx.rule
+        )
+        size = self._batch_windows()
         while (windows := tournament.next_round()) is not None:
-            works = [
-                work
-                for w in windows
-                for work in pipeline.works(
-                    ctx.query,
-                    [ctx.images[i] for i in w],
-                    ctx.labels[len(w)],
-                    passes(method, len(w)),
-                )
-            ]
-            bulk = len(works) > pipeline.settings.max_queue
-            results = await pipeline.forward(ctx, works, bulk=bulk)
-            ctx.spent += len(works)
-            ctx.tokens.add(r.prompt_tokens for r in results)
-            started = time.perf_counter()
-            probabilities, at = [], 0
-            for w in windows:
-                k = passes(method, len(w))
-                mine, at = results[at : at + k], at + k
-                out = pipeline.debias(method, mine, ctx.calibrations.get(len(w)))
-                probabilities.append(out.probabilities)
-            ctx.add("debias", ms_since(started))
+            batches = [windows[i : i + size] for i in range(0, len(windows), size)]
+            bulk = (
+                sum(passes(ctx.method, len(w)) for w in windows) > self.pipeline.settings.max_queue
+            )
+            probabilities: list[Sequence[float]] = []
+            decoding = self._decode_soon(ctx, batches[0])
+            try:
+                for i, batch in enumerate(batches):
+                    images = await decoding
+                    if i + 1 < len(batches):  # the next batch decodes while this one runs
+                        decoding = self._decode_soon(ctx, batches[i + 1])
+                    probabilities += await self._windows(ctx, batch, images, bulk)
+                    del images
+            finally:
+                if not decoding.done():
+                    decoding.cancel()
+                with contextlib.suppress(BaseException):
+                    await decoding
             tournament.record(probabilities)
+
+    def _decode_soon(
+        self, ctx: RerankContext, batch: list[list[int]]
+    ) -> asyncio.Future[dict[int, Image.Image]]:
+        return asyncio.ensure_future(self._decode_batch(ctx, [i for w in batch for i in w]))
+
+    async def _decode_batch(self, ctx: RerankContext, indices: list[int]) -> dict[int, Image.Image]:
+        """The documents' images of one batch of windows, decoded now (timed as decode)."""
+        decoder = self.pipeline.decoder
+        async with decoder.slot():
+            started = time.perf_counter()
+            images = await run_in_threadpool(
+                decoder.decode, [ctx.encoded[i] for i in indices], "documents"
+            )
+            ctx.add("decode", ms_since(started))
+        return dict(zip(indices, images, strict=True))
+
+    async def _windows(
+        self,
+        ctx: RerankContext,
+        batch: list[list[int]],
+        images: dict[int, Image.Image],
+        bulk: bool,
+    ) -> list[Sequence[float]]:
+        """One batch of windows through the queue; each window's debiased probabilities."""
+        pipeline, method = self.pipeline, ctx.method
+        assert ctx.tokens is not None
+        works = [
+            work
+            for w in batch
+            for work in pipeline.works(
+                ctx.query, [images[i] for i in w], ctx.labels[len(w)], passes(method, len(w))
+            )
+        ]
+        results = await pipeline.forward(ctx, works, bulk=bulk)
+        ctx.spent += len(works)
+        ctx.tokens.add(r.prompt_tokens for r in results)
+        started = time.perf_counter()
+        probabilities, at = [], 0
+        for w in batch:
+            k = passes(method, len(w))
+            mine, at = results[at : at + k], at + k
+            out = pipeline.debias(method, mine, ctx.calibrations.get(len(w)))
+            probabilities.append(out.probabilities)
+        ctx.add("debias", ms_since(started))
+        return probabilities
 
     async def debias(self, ctx: RerankContext) -> None:
         """The tournament's ranking and relevance across windows."""

@@ -20,7 +20,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from lad_client.types.common import Strict
-from lad_client.vocabulary import MAX_N
 
 IMAGE_DESCRIPTION = "a data:image/...;base64, URL or bare base64 (remote URLs are not fetched)"
 
@@ -66,7 +65,8 @@ class ContentDocuments(Strict):
     """vLLM's ``documents: {"content": [parts]}``: each image part is one document."""
 
     content: list[ImageUrlPart] = Field(
-        min_length=1, max_length=MAX_N, description="the candidate images, one part each"
+        min_length=1,
+        description="the candidate images, one part each (at most LAD_MAX_RERANK_CANDIDATES)",
     )
 
 

@@ -14,14 +14,7 @@ from lad_client.types.documents import (
     as_sent,
     image_of,
 )
-from lad_client.vocabulary import (
-    IGNORED_RERANK_FIELDS,
-    MAX_N,
-    METHODS,
-    NAME_PATTERN,
-    SCHEMES,
-    Method,
-)
+from lad_client.vocabulary import IGNORED_RERANK_FIELDS, METHODS, NAME_PATTERN, SCHEMES, Method
 
 RERANK_EXAMPLE: dict[str, object] = {
     "query": "a small green square",
@@ -33,7 +26,9 @@ RERANK_EXAMPLE: dict[str, object] = {
 }
 
 
-DocumentList = Annotated[list[Document], Field(min_length=1, max_length=MAX_N)]
+DocumentList = Annotated[list[Document], Field(min_length=1)]
+"""The documents; how many a server takes is its own setting (LAD_MAX_RERANK_CANDIDATES),
+checked and named by the server, never capped here."""
 
 
 class RerankOptions(Strict):
@@ -45,8 +40,10 @@ class RerankOptions(Strict):
         le=2**31 - 1,
         description="results to return; more than there are documents is clipped to their "
         "number (as vLLM does). The best top_n of each window advance (the winner and, for "
-        "top_n > 1, runners-up). Unset: every document is returned, ranked, with only window "
-        "winners advancing (the cheapest tournament)",
+        "top_n > 1, runners-up), or the best half of each window where that would cost more "
+        "than twice a top-1 rerank (successive halving: a full ranking costs at most about 2x "
+        "a top-1 one). Unset: every document is returned, ranked, with only window winners "
+        "advancing (the cheapest tournament)",
     )
     method: Method = Field("agd", description=f"one of {', '.join(METHODS)}; agd is the default")
     profile: str = Field("default", pattern=NAME_PATTERN, description="calibration profile name")
@@ -58,7 +55,6 @@ class RerankOptions(Strict):
     window: int | None = Field(
         None,
         ge=2,
-        le=MAX_N,
         description="largest window (N per prompt); default: the "
         "largest N the profile is calibrated for (LAD_MAX_IMAGES for methods without one)",
     )
@@ -202,7 +198,8 @@ class RerankMeta(BaseModel):
     )
     timings_ms: dict[str, float] = Field(
         description="per stage, the keys of POST /v1/retrieve's timings_ms: decode (with its "
-        "base64 part), queue, process, forward, score (the rounds' batches summed), debias "
+        "base64 part; the headers up front, then each batch of windows' pixels as its round "
+        "runs, summed), queue, process, forward, score (the rounds' batches summed), debias "
         "(every window's and the tournament's), encode"
     )
 
