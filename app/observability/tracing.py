@@ -60,6 +60,7 @@ class _Tracing:
 
 
 _ACTIVE: _Tracing | None = None
+_OFF: AbstractContextManager[Any] = nullcontext()  # reusable: no allocation per stage when off
 
 
 @dataclass
@@ -186,7 +187,7 @@ def end_request(request: RequestSpan | None, record: RequestRecord) -> None:
 def stage_span(name: str) -> AbstractContextManager[Any]:
     """A child span of the current request for one pipeline stage (nothing when off)."""
     if _ACTIVE is None:
-        return nullcontext()
+        return _OFF
     return _ACTIVE.tracer.start_as_current_span(name, attributes={"lad.stage": name})
 
 

@@ -7,81 +7,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from fastapi.testclient import TestClient
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from app.main import create_app
 from app.observability import tracing
 from app.service.pipeline import STAGES
+from app.settings import Settings
 from lad_lab.demo.world import RetrievalExample
 from tests.api.helpers import b64, retrieve_body
+from tests.otlp import Receiver, attributes, stage_children
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
-
-
-class Receiver:
-    """A minimal OTLP/HTTP traces receiver: POST /v1/traces, protobuf in, 200 out."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportTraceServiceRequest] = []
-        self.headers: list[dict[str, str]] = []
-        self.paths: list[str] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                receiver.paths.append(self.path)
-                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
-                if self.path == "/v1/traces":
-                    receiver.requests.append(ExportTraceServiceRequest.FromString(body))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def spans(self) -> list[tuple[dict[str, Any], Span]]:
-        """Every span received, with its resource's attributes."""
-        return [
-            (attributes(rs.resource.attributes), span)
-            for request in self.requests
-            for rs in request.resource_spans
-            for ss in rs.scope_spans
-            for span in ss.spans
-        ]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-def attributes(kvs: Any) -> dict[str, Any]:
-    return {kv.key: value(kv.value) for kv in kvs}
 
 
 @pytest.fixture
@@ -95,13 +36,6 @@ def receiver() -> Iterator[Receiver]:
 def no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*tracing.ENDPOINT_VARIABLES, "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
-
-
-def stage_children(spans: list[Span], parent: Span) -> list[Span]:
-    return sorted(
-        (s for s in spans if s.parent_span_id == parent.span_id),
-        key=lambda s: s.start_time_unix_nano,
-    )
 
 
 def test_spans_reach_an_otlp_receiver(
@@ -176,6 +110,25 @@ def test_spans_reach_an_otlp_receiver(
     assert (
         attrs["error.type"] == "calibration_required" and attrs["http.response.status_code"] == 409
     )
+
+
+def test_the_service_stop_flushes_the_buffered_spans(
+    runner: Any,
+    receiver: Receiver,
+    items: list[RetrievalExample],
+    monkeypatch: pytest.MonkeyPatch,
+    no_otel_env: None,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # nothing leaves before the stop
+    app = create_app(Settings(_env_file=None, store_url="memory://"), runner=runner)
+    with TestClient(app) as client:
+        r = client.post("/v1/retrieve", json=retrieve_body(items[0], method="vanilla"))
+        assert r.status_code == 200, r.text
+        assert receiver.requests == []
+    assert not tracing.enabled()
+    names = {span.name for _, span in receiver.spans()}
+    assert names == {"POST /v1/retrieve", *(stage.name for stage in STAGES)}
 
 
 def test_no_endpoint_no_export_no_thread(
