@@ -38,14 +38,20 @@ def no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture
+def exporting(receiver: Receiver, monkeypatch: pytest.MonkeyPatch, no_otel_env: None) -> Receiver:
+    """OTEL_EXPORTER_OTLP_ENDPOINT names the receiver (and nothing else of the caller's)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    return receiver
+
+
 def test_spans_reach_an_otlp_receiver(
     make_client: Any,
-    receiver: Receiver,
+    exporting: Receiver,
     items: list[RetrievalExample],
     monkeypatch: pytest.MonkeyPatch,
-    no_otel_env: None,
 ) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    receiver = exporting
     monkeypatch.setenv("OTEL_SERVICE_NAME", "lad-under-test")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-token=s3cret")
     client = make_client()
@@ -113,13 +119,9 @@ def test_spans_reach_an_otlp_receiver(
 
 
 def test_the_service_stop_flushes_the_buffered_spans(
-    runner: Any,
-    receiver: Receiver,
-    items: list[RetrievalExample],
-    monkeypatch: pytest.MonkeyPatch,
-    no_otel_env: None,
+    runner: Any, exporting: Receiver, items: list[RetrievalExample], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    receiver = exporting
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # nothing leaves before the stop
     app = create_app(Settings(_env_file=None, store_url="memory://"), runner=runner)
     with TestClient(app) as client:
