@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -119,7 +120,9 @@ def setup() -> bool:
     provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_*
     _ACTIVE = _Tracing(provider, provider.get_tracer("lad-serve", __version__))
     named = next(name for name in ENDPOINT_VARIABLES if os.environ.get(name, "").strip())
-    log.info("exporting traces over OTLP/HTTP (%s=%s)", named, os.environ[named].strip())
+    where = urlsplit(os.environ[named].strip())  # scheme, host and port: never credentials
+    host = where.netloc.rpartition("@")[2]
+    log.info("exporting traces over OTLP/HTTP to %s://%s (%s)", where.scheme, host, named)
     return True
 
 
