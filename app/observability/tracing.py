@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
@@ -46,6 +47,8 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_
 second gets ``/v1/traces`` appended, as the OTLP specification says)."""
 SERVICE_NAME = "lad-serve"
 """``service.name`` unless ``OTEL_SERVICE_NAME`` (or ``OTEL_RESOURCE_ATTRIBUTES``) names one."""
+FLUSH_TIMEOUT_S = 5.0
+"""Most seconds the service's stop waits for the buffered spans to leave."""
 MAX_BATCHES = 64
 """Most batch ids one span lists (a calibration's waves may run in hundreds); the count
 attribute has them all."""
@@ -115,7 +118,8 @@ def setup() -> bool:
         ours[SERVICE_NAME_KEY] = SERVICE_NAME
     if SERVICE_VERSION not in detected.attributes:
         ours[SERVICE_VERSION] = __version__
-    provider = TracerProvider(resource=detected.merge(Resource(ours)))  # OTEL_TRACES_SAMPLER
+    # OTEL_TRACES_SAMPLER; no exit hook of its own: ``shutdown`` bounds the last flush
+    provider = TracerProvider(resource=detected.merge(Resource(ours)), shutdown_on_exit=False)
     exporter = OTLPSpanExporter()  # OTEL_EXPORTER_OTLP_* (endpoint, headers, timeout, ...)
     provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_*
     _ACTIVE = _Tracing(provider, provider.get_tracer("lad-serve", __version__))
@@ -131,12 +135,19 @@ def force_flush(timeout_ms: int = 5_000) -> bool:
     return _ACTIVE is None or _ACTIVE.provider.force_flush(timeout_ms)
 
 
-def shutdown() -> None:
-    """Flush and stop the exporter (the service's stop); tracing is off afterwards."""
+def shutdown(timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    """Flush and stop the exporter (the service's stop), waiting ``timeout_s`` at most:
+    a collector that does not answer (the SDK retries for up to a minute) never holds the
+    process's exit. Tracing is off afterwards."""
     global _ACTIVE
     active, _ACTIVE = _ACTIVE, None
-    if active is not None:
-        active.provider.shutdown()
+    if active is None:
+        return
+    flush = threading.Thread(target=active.provider.shutdown, name="lad-trace-flush", daemon=True)
+    flush.start()
+    flush.join(timeout_s)
+    if flush.is_alive():
+        log.warning("the last traces were not exported within %.0f s; dropped", timeout_s)
 
 
 # ------------------------------------------------------------------------ requests

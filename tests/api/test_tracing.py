@@ -5,7 +5,9 @@ status; and nothing exported, no exporter thread, when no endpoint is set."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,6 +133,21 @@ def test_the_service_stop_flushes_the_buffered_spans(
     assert not tracing.enabled()
     names = {span.name for _, span in receiver.spans()}
     assert names == {"POST /v1/retrieve", *(stage.name for stage in STAGES)}
+
+
+def test_a_collector_that_never_answers_holds_the_stop_at_most_the_bound(
+    monkeypatch: pytest.MonkeyPatch, no_otel_env: None
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        port = silent.getsockname()[1]
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert tracing.setup()
+        with tracing.stage_span("decode"):
+            pass
+        started = time.monotonic()
+        tracing.shutdown(timeout_s=1.0)
+        assert time.monotonic() - started < 3.0
+        assert not tracing.enabled()
 
 
 def test_no_endpoint_no_export_no_thread(
