@@ -70,7 +70,8 @@ RUN case "${TORCH_VARIANT}" in \
     esac
 
 # The service from the wheel of stage 1 (bind-mounted: BuildKit, the default builder),
-# without resolving: its dependencies are all in place, which `pip check` confirms.
+# without resolving: its dependencies are all in place, which `pip check` confirms (and
+# the import of the OTLP exporter, which the service loads only when tracing is on).
 # DL3013 (pin pip versions) is ignored because the argument is a local wheel file, not
 # a registry name to pin.
 # hadolint ignore=DL3013
@@ -78,7 +79,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     set -- /wheels/lad_serve-*.whl \
     && pip install --no-cache-dir --no-deps "$1" \
     && pip check \
-    && python -c "import torch, redis, app.main; print('torch', torch.__version__)"
+    && python -c "import torch, redis, app.main, opentelemetry.exporter.otlp.proto.http.trace_exporter; print('torch', torch.__version__)"
 
 WORKDIR /srv/lad
 # Numeric user and group, so that Kubernetes' runAsNonRoot can verify them.

@@ -25,6 +25,7 @@ from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
+from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.observability.request_metrics import RequestMetricsMiddleware
 from app.service import Service
@@ -104,6 +105,7 @@ def create_app(
             note := legacy_profiles_note(the_store, service.model_id, settings.model)
         ):
             log.warning(note)
+        tracing.setup()  # OTLP export when the standard OTEL_* variables ask for it
         try:
             yield
         finally:
@@ -112,6 +114,7 @@ def create_app(
             online.close()
             if store is None:
                 the_store.close()
+            await run_in_threadpool(tracing.shutdown)  # flushes the last spans
 
     app = FastAPI(
         title="lad-serve",

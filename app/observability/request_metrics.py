@@ -11,7 +11,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
-from app.observability import logs
+from app.observability import logs, tracing
 from app.observability.metrics import CLIENT_CLOSED_CODE, CLIENT_CLOSED_STATUS, Metrics
 
 QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
@@ -36,8 +36,9 @@ class RequestMetricsMiddleware:
     """Per request: counts and latency by route template (not raw path), HTTP verb, status
     (499 for a client that left before its body was read) and retrieval method; the
     in-flight gauge; errors by code (read from the error envelope); the request's log line
-    (``app.observability.logs``; for QUIET_PATHS only on failure or at debug level); and a
-    ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
+    (``app.observability.logs``; for QUIET_PATHS only on failure or at debug level); its
+    trace span when tracing is on (``app.observability.tracing``; never for QUIET_PATHS); and
+    a ``Server-Timing: app;dur=<ms>`` response header (the time until the answer starts)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -68,6 +69,7 @@ class RequestMetricsMiddleware:
 
         if not quiet:
             self.metrics.in_flight.inc()
+        span = None if quiet else tracing.start_request(scope, record.request_id)
         try:
             with logs.request_scope(record):
                 await self.app(scope, receive, send_wrapper)
@@ -82,6 +84,7 @@ class RequestMetricsMiddleware:
             if not quiet:
                 self.metrics.in_flight.dec()
             self._finish(scope, record, bytes(error_body), started, quiet)
+            tracing.end_request(span, record)
 
     def _finish(
         self,

@@ -28,6 +28,7 @@ from app.engine.labels import Labels
 from app.method import debias
 from app.method.calibrate import Calibration
 from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
+from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.service.decode import Decoder
 from app.service.profile_service import ProfileService
@@ -206,10 +207,11 @@ class Pipeline:
         response: R | None = None
         for stage in STAGES:
             start = time.perf_counter()
-            if stage.name == "encode":
-                response = await handler.encode(ctx)
-            else:
-                await getattr(handler, stage.name)(ctx)
+            with tracing.stage_span(stage.name):  # a trace span per timed stage, same names
+                if stage.name == "encode":
+                    response = await handler.encode(ctx)
+                else:
+                    await getattr(handler, stage.name)(ctx)
             if stage.timed_as is not None:
                 ctx.add(stage.timed_as, ms_since(start))
         assert response is not None

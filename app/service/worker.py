@@ -20,6 +20,7 @@ from app.engine.batcher import Batcher, BatcherStopped, QueueFull
 from app.engine.host_memory import release_free_memory
 from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
+from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
@@ -135,12 +136,14 @@ class ModelWorker:
         """
         try:
             if not bulk:
-                return await _gather(self.batcher.submit_many(works))
-            out: list[WorkResult] = []
-            wave = self.bulk_wave
-            for start in range(0, len(works), wave):
-                async with self._bulk_turn:
-                    out += await _gather(await self._admit(works[start : start + wave]))
+                out = await _gather(self.batcher.submit_many(works))
+            else:
+                out = []
+                wave = self.bulk_wave
+                for start in range(0, len(works), wave):
+                    async with self._bulk_turn:
+                        out += await _gather(await self._admit(works[start : start + wave]))
+            tracing.note_batches((r.batch_id, r.batch_size) for r in out)
             return out
         except (QueueFull, BatcherStopped, errors.ServiceError):
             raise
