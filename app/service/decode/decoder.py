@@ -47,6 +47,7 @@ from app.budget import OWN_BYTES, PIXEL_BYTES, ByteBudget
 from app.engine.host_memory import release_free_memory
 from app.engine.labels import Labels, LabelSpec, parse_labels
 from app.service.decode.headers import check_header, sniff_format
+from app.service.decode.media_policy import is_url
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ ImageInput = str | bytes
 
 _DATA_URL_HEADER = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[A-Za-z0-9=._+-]*)*;base64", re.ASCII)
 _WHITESPACE = re.compile(r"\s+")
-_REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # In a label, which answers and logs echo: every C0/C1 control (tabs and line breaks too:
 # a label is one line) and the bidirectional controls that make text read otherwise than
@@ -103,12 +103,8 @@ def _to_bytes(data: ImageInput, where: str, settings: Settings) -> bytes:
         raw = bytes(data)
     else:
         text = data.strip()  # the same object when there is nothing to strip
-        if _REMOTE_URL.match(text):  # never fetched: no request leaves the service (SSRF)
-            raise errors.InvalidImage(
-                f"{where} is a remote URL ({text[: text.find(':')][:16]}://...); the service "
-                "does not fetch URLs: send the image itself, as data:image/<type>;base64,<data> "
-                "or bare base64"
-            )
+        if is_url(text):  # the fetch stage replaced every URL it may fetch (media.py)
+            raise errors.MediaNotAllowed(f"{where} is a URL, which is not fetched here")
         if text[:5] == "data:":
             comma = text.find(",", 0, 256)
             if comma < 0 or not _DATA_URL_HEADER.fullmatch(text, 0, comma):
