@@ -242,6 +242,8 @@ class Pipeline:
                 if stage.timed_as is not None:
                     nested = sum(ctx.timings.get(key, 0.0) - ms for key, ms in inner.items())
                     ctx.add(stage.timed_as, ms_since(start) - nested)
+                for key in inner:  # a stage with nothing to do took no time (no image URL)
+                    ctx.timings.setdefault(key, 0.0)
         finally:
             if ctx.fetched is not None:  # the fetched bytes leave the budget with the request
                 ctx.fetched.release()
@@ -281,7 +283,7 @@ class Pipeline:
         request's fetched bytes within ``limit`` (the route's body limit: its setting and
         bytes); timed as ``fetch``. Without a URL the inputs come back as they are."""
         if not any(is_url(value) for _, inputs in groups for value in inputs):
-            return [list(inputs) for _, inputs in groups]
+            return [list(inputs) for _, inputs in groups]  # reported as 0 ms
         if ctx.fetched is None:
             ctx.fetched = Fetched(self.decoder.budget, limit[1], limit[0])
         started = time.perf_counter()

@@ -168,34 +168,66 @@ class MediaFetcher:
         self, groups: Sequence[tuple[str, Sequence[ImageInput]]], fetched: Fetched
     ) -> list[list[ImageInput]]:
         """Each group's inputs (``where`` names the field, for messages) with every URL
-        replaced by the bytes fetched from it, all concurrently within the replica's bound;
-        the first failure (in input order) cancels the others and is raised."""
+        replaced by the bytes fetched from it. Every URL is checked first (a refused one
+        refuses the request before anything is fetched), then all are fetched concurrently
+        within the replica's bound; the first failure cancels the others and is raised."""
         out = [list(inputs) for _, inputs in groups]
-        tasks = {
-            (g, i): asyncio.ensure_future(self.fetch(str(value).strip(), f"{where}[{i}]", fetched))
+        urls = {
+            (g, i): self.checked(str(value), f"{where}[{i}]")
             for g, (where, inputs) in enumerate(groups)
             for i, value in enumerate(inputs)
             if is_url(value)
         }
+        tasks = {
+            asyncio.ensure_future(self.fetch(url, f"{groups[g][0]}[{i}]", fetched)): (g, i)
+            for (g, i), url in urls.items()
+        }
         try:
-            for (g, i), task in tasks.items():
-                out[g][i] = await task
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t in done and t.exception() is not None]
+            if failed:  # the first in input order among those that failed
+                raise min(failed, key=tasks.__getitem__).exception()  # type: ignore[misc]
+            for task, (g, i) in tasks.items():
+                out[g][i] = task.result()
         finally:
-            pending = [t for t in tasks.values() if not t.done()]
-            for task in pending:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         return out
 
-    async def fetch(self, url: str, where: str, fetched: Fetched) -> bytes:
-        """One URL to its bytes, redirects followed and checked hop by hop; counted under
-        its outcome."""
-        outcome = "failed"
+    def checked(self, text: str, where: str) -> httpx.URL:
+        """A URL the policy allows, before any lookup or connection; a refusal is counted."""
+        try:
+            try:
+                url = httpx.URL(text.strip())
+            except (httpx.InvalidURL, ValueError):
+                raise errors.MediaNotAllowed(f"{where} is not a valid URL") from None
+            return self._allowed(url, where)
+        except errors.MediaNotAllowed:
+            self.metrics.media_fetches.labels(outcome="not_allowed").inc()
+            raise
+
+    def _allowed(self, url: httpx.URL, where: str) -> httpx.URL:
+        """``url`` if the policy allows its scheme, user info and host (the URL sent, and
+        every redirect hop)."""
+        try:
+            self.policy.check_url(url.scheme, url.host, url.userinfo.decode("ascii", "replace"))
+        except Refused as exc:
+            raise errors.MediaNotAllowed(f"{where}: {exc}") from None
+        return url
+
+    async def fetch(self, url: httpx.URL, where: str, fetched: Fetched) -> bytes:
+        """One checked URL to its bytes, redirects followed and checked hop by hop; counted
+        under its outcome (a fetch cancelled because another failed is not counted)."""
+        outcome: str | None = "failed"
         try:
             data = await self._fetch(url, where, fetched)
             outcome = "ok"
             self.metrics.media_fetched_bytes.inc(len(data))
             return data
+        except asyncio.CancelledError:
+            outcome = None
+            raise
         except errors.MediaNotAllowed:
             outcome = "not_allowed"
             raise
@@ -206,20 +238,10 @@ class MediaFetcher:
             outcome = "too_large"
             raise
         finally:
-            self.metrics.media_fetches.labels(outcome=outcome).inc()
+            if outcome is not None:
+                self.metrics.media_fetches.labels(outcome=outcome).inc()
 
-    def _check(self, url: httpx.URL, where: str) -> None:
-        try:
-            self.policy.check_url(url.scheme, url.host, url.userinfo.decode("ascii", "replace"))
-        except Refused as exc:
-            raise errors.MediaNotAllowed(f"{where}: {exc}") from None
-
-    async def _fetch(self, text: str, where: str, fetched: Fetched) -> bytes:
-        try:
-            url = httpx.URL(text)
-        except (httpx.InvalidURL, ValueError):
-            raise errors.MediaNotAllowed(f"{where} is not a valid URL") from None
-        self._check(url, where)  # before any pool, slot or lookup
+    async def _fetch(self, url: httpx.URL, where: str, fetched: Fetched) -> bytes:
         pool = self._connections()
         assert self._slots is not None
         limit_s = self.settings.media_timeout_s
@@ -230,8 +252,7 @@ class MediaFetcher:
                         data, location = await self._get(pool, url, where, fetched)
                         if location is None:
                             return data
-                        url = location
-                        self._check(url, f"{where} (a redirect)")
+                        url = self._allowed(location, f"{where} (a redirect)")
             except TimeoutError:
                 raise errors.MediaFetchTimeout(
                     f"{where}: the image did not arrive within LAD_MEDIA_TIMEOUT_S={limit_s:g} s"
