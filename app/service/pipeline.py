@@ -31,7 +31,8 @@ from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, ap
 from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.service.decode import Decoder, ImageInput
-from app.service.decode.media import Fetched, MediaFetcher, is_url
+from app.service.decode.decoder import is_url
+from app.service.decode.media import Fetched, MediaFetcher
 from app.service.profile_service import ProfileService
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings

@@ -47,7 +47,6 @@ from app.budget import OWN_BYTES, PIXEL_BYTES, ByteBudget
 from app.engine.host_memory import release_free_memory
 from app.engine.labels import Labels, LabelSpec, parse_labels
 from app.service.decode.headers import check_header, sniff_format
-from app.service.decode.media_policy import is_url
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ ImageInput = str | bytes
 
 _DATA_URL_HEADER = re.compile(r"data:image/[A-Za-z0-9.+-]+(;[A-Za-z0-9=._+-]*)*;base64", re.ASCII)
 _WHITESPACE = re.compile(r"\s+")
+_REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # In a label, which answers and logs echo: every C0/C1 control (tabs and line breaks too:
 # a label is one line) and the bidirectional controls that make text read otherwise than
@@ -95,6 +95,12 @@ def target_size(width: int, height: int, budget: int | None) -> tuple[int, int]:
     short = max(1, round(width * scale))
     long_ = max(1, min(round(short * height / width), budget // short))
     return short, long_
+
+
+def is_url(value: object) -> bool:
+    """Whether an image input names its image by URL (for the fetch stage to fetch or
+    refuse: app/service/decode/media.py) rather than carrying it."""
+    return isinstance(value, str) and _REMOTE_URL.match(value.lstrip()) is not None
 
 
 def _to_bytes(data: ImageInput, where: str, settings: Settings) -> bytes:

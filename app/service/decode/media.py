@@ -31,8 +31,8 @@ import httpx
 from app import errors
 from app.budget import ByteBudget
 from app.observability.metrics import Metrics
-from app.service.decode.decoder import ImageInput
-from app.service.decode.media_policy import IPAddress, MediaPolicy, Refused, is_url
+from app.service.decode.decoder import ImageInput, is_url
+from app.service.decode.media_policy import IPAddress, MediaPolicy, Refused
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

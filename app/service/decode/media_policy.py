@@ -19,7 +19,6 @@ or checked a name and then connected to what it resolved to next):
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -29,13 +28,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 SCHEMES = ("http", "https")
 """The only URL schemes ever fetched."""
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
-"""A string that names a resource by URL instead of carrying the image (the one test)."""
-
-
-def is_url(value: object) -> bool:
-    """Whether an image input is a URL (to fetch or refuse) rather than the image."""
-    return isinstance(value, str) and REMOTE_URL.match(value.lstrip()) is not None
 
 
 class Refused(ValueError):

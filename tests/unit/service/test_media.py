@@ -13,13 +13,13 @@ import pytest
 from app import errors
 from app.budget import ByteBudget
 from app.observability.metrics import Metrics
+from app.service.decode.decoder import is_url
 from app.service.decode.media import Fetched, MediaFetcher, system_resolver
 from app.service.decode.media_policy import (
     MediaPolicy,
     Refused,
     address_kind,
     embedded_ipv4,
-    is_url,
     parse_domains,
 )
 from app.settings import Settings
