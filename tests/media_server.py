@@ -1,7 +1,8 @@
 """A local image host for the image-URL tests: the standard library's HTTP server in a
 thread on 127.0.0.1 (a free port), serving what a CDN or an attacker's host would.
 
-Paths: ``/img/<name>`` an image added with ``add`` (Content-Length declared);
+Paths: ``/img/<name>`` an image added with ``add`` (Content-Length declared), and
+``/pause/<name>`` the same after 0.1 s;
 ``/redirect?to=<url>`` a 302 to ``url``; ``/status/<code>`` that status; ``/big`` a
 Content-Length of ``big_bytes`` (the body never sent); ``/flood`` ``big_bytes`` bytes
 without a length (the connection closes at the end); ``/slow`` an image's first bytes,
@@ -32,8 +33,16 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         with self.server.lock:
             self.server.requests.append((parts.path, self.headers.get("Host", "")))
-        if parts.path.startswith("/img/"):
-            body = self.server.images.get(parts.path[5:])
+        if parts.path.startswith(("/img/", "/pause/")):
+            name = parts.path.split("/", 2)[2]
+            with self.server.lock:
+                self.server.serving += 1
+                self.server.most_at_once = max(self.server.most_at_once, self.server.serving)
+            if parts.path.startswith("/pause/"):
+                time.sleep(0.1)
+            with self.server.lock:
+                self.server.serving -= 1
+            body = self.server.images.get(name)
             if body is None:
                 return self._status(404)
             return self._send(200, body, {"Content-Type": "image/png"})
@@ -97,6 +106,8 @@ class _Server(ThreadingHTTPServer):
         self.images: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
         self.big_bytes = 0
+        self.serving = 0  # image requests being answered now
+        self.most_at_once = 0
 
 
 class MediaServer:
@@ -117,6 +128,11 @@ class MediaServer:
         """Serve ``data`` at ``/img/<name>``; its URL."""
         self._server.images[name] = data
         return self.url(f"/img/{name}")
+
+    @property
+    def most_at_once(self) -> int:
+        """The most image requests it answered at once."""
+        return self._server.most_at_once
 
     @property
     def requests(self) -> list[tuple[str, str]]:

@@ -283,3 +283,10 @@ def test_upstream_errors_are_fetch_failures(server: MediaServer) -> None:
         fetch(fetcher(), server.url("/status/404"))
     with pytest.raises(errors.MediaFetchFailed, match="connection"):
         fetch(fetcher(), "http://127.0.0.1:1/x.png")  # nothing listens on port 1
+
+
+def test_fetches_run_concurrently_within_the_bound(server: MediaServer) -> None:
+    server.add("p.png", PNG)
+    urls = [server.url("/pause/p.png")] * 12
+    assert fetch(fetcher(media_concurrency=3), *urls) == [PNG] * 12
+    assert server.most_at_once == 3  # at once, never more than LAD_MEDIA_CONCURRENCY
