@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -28,6 +29,20 @@ container). ``memory://`` keeps profiles in the process only; ``redis://host:por
 shares them between replicas."""
 SERVED_NAME_PATTERN = r"^\S+$"
 """A served model name: any characters but spaces (a hub id, "name:v2", a former path)."""
+
+
+_HOST = re.compile(
+    r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
+)
+"""A DNS host name (letters, digits, hyphens, underscores; labels of 1-63 characters)."""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _env_list(value: Any) -> Any:
@@ -383,6 +398,23 @@ class Settings(BaseSettings):
     def _parse_media_lists(cls, value: Any) -> Any:
         """Accept "a.com,b.com" and a JSON list from the environment."""
         return _env_list(value)
+
+    @field_validator("media_allowed_domains")
+    @classmethod
+    def _check_media_domains(cls, value: list[str]) -> list[str]:
+        """Host names, IP addresses or ``*.<domain>``, as compared: lower case, no trailing
+        dot, no IPv6 brackets (a URL, a port or a bare ``*`` is a configuration error)."""
+        hosts = []
+        for entry in value:
+            host = entry.strip().strip("[]").rstrip(".").lower()
+            name = host.removeprefix("*.")
+            if not _HOST.fullmatch(name) and not _is_ip(name):
+                raise ValueError(
+                    f"media_allowed_domains entry {entry!r}: expected a host name, an IP "
+                    "address or '*.<domain>' (no scheme, port or path)"
+                )
+            hosts.append(host)
+        return list(dict.fromkeys(hosts))
 
     @field_validator("media_allowed_networks")
     @classmethod

@@ -20,7 +20,6 @@ from app.service.decode.media_policy import (
     Refused,
     address_kind,
     embedded_ipv4,
-    parse_domains,
 )
 from app.settings import Settings
 from tests.media_server import MediaServer
@@ -69,10 +68,12 @@ def test_hosts_match_exactly_or_under_a_wildcard() -> None:
         policy.check_url("https", "cdn.example.com", "cdn.example.com")
 
 
-@pytest.mark.parametrize("entry", ["https://a.com", "a.com/x", "*", "*.", "a.com:443", "u@a.com"])
+@pytest.mark.parametrize(
+    "entry", ["https://a.com", "a.com/x", "*", "*.", "a.com:443", "u@a.com", "*.*.a.com", "a..com"]
+)
 def test_allowed_domains_that_are_not_hosts_are_configuration_errors(entry: str) -> None:
     with pytest.raises(ValueError, match="expected a host name"):
-        parse_domains([entry])
+        Settings(_env_file=None, media_allowed_domains=[entry])
 
 
 @pytest.mark.parametrize(
@@ -130,6 +131,10 @@ def test_settings_read_the_media_lists_from_the_environment(monkeypatch: Any) ->
     monkeypatch.setenv("LAD_MEDIA_ALLOWED_NETWORKS", '["10.0.0.0/8", "127.0.0.1"]')
     settings = Settings(_env_file=None)
     assert settings.media_allowed_domains == ["cdn.example.com", "*.images.test"]
+    upper = Settings(
+        _env_file=None, media_allowed_domains=["CDN.Example.com.", "[::1]", "10.0.0.1"]
+    )
+    assert upper.media_allowed_domains == ["cdn.example.com", "::1", "10.0.0.1"]
     assert settings.media_allowed_networks == ["10.0.0.0/8", "127.0.0.1/32"]
     defaults = Settings(_env_file=None, media_allowed_domains=[], media_allowed_networks=[])
     assert defaults.media_allowed_domains == [] and defaults.media_allowed_networks == []
