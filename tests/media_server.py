@@ -13,6 +13,7 @@ so a test can show what was never asked for.
 from __future__ import annotations
 
 import itertools
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -113,8 +114,12 @@ class _Server(ThreadingHTTPServer):
 class MediaServer:
     """The server, started on enter and shut down on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: serve https with this server context."""
         self._server = _Server()
+        self.scheme = "https" if tls else "http"
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -122,7 +127,7 @@ class MediaServer:
         return int(self._server.server_address[1])
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
     def add(self, name: str, data: bytes) -> str:
         """Serve ``data`` at ``/img/<name>``; its URL."""

@@ -138,19 +138,23 @@ class MediaFetcher:
         budget: ByteBudget,
         metrics: Metrics,
         resolver: Resolver = system_resolver,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``resolver`` and ``ssl_context`` (the trusted certificates: the system's by
+        default) are for tests."""
         self.settings, self.budget, self.metrics = settings, budget, metrics
         self.policy = MediaPolicy.of(
             settings.media_allowed_domains, settings.media_allowed_networks
         )
         self.resolver = resolver
+        self._ssl = ssl_context
         self._pool: httpcore.AsyncConnectionPool | None = None
         self._slots: asyncio.Semaphore | None = None
 
     def _connections(self) -> httpcore.AsyncConnectionPool:
         if self._pool is None:  # built on the event loop that uses it
             self._pool = httpcore.AsyncConnectionPool(
-                ssl_context=ssl.create_default_context(),
+                ssl_context=self._ssl or ssl.create_default_context(),
                 max_connections=self.settings.media_concurrency,
                 keepalive_expiry=5.0,
                 network_backend=_CheckedBackend(self.policy, self.resolver),
@@ -211,7 +215,8 @@ class MediaFetcher:
         """``url`` if the policy allows its scheme, user info and host (the URL sent, and
         every redirect hop)."""
         try:
-            self.policy.check_url(url.scheme, url.host, url.userinfo.decode("ascii", "replace"))
+            host = url.raw_host.decode("ascii")  # IDNA-encoded, as the settings hold names
+            self.policy.check_url(url.scheme, host, url.userinfo.decode("ascii", "replace"))
         except Refused as exc:
             raise errors.MediaNotAllowed(f"{where}: {exc}") from None
         return url

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import ssl
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,16 +152,17 @@ def server() -> Iterator[MediaServer]:
         yield running
 
 
-def fetcher(resolver: Any = system_resolver, **overrides: Any) -> MediaFetcher:
+def fetcher(
+    resolver: Any = system_resolver, trust: ssl.SSLContext | None = None, **overrides: Any
+) -> MediaFetcher:
     values: dict[str, Any] = {
         "media_allowed_domains": ["127.0.0.1"],
         "media_allowed_networks": ["127.0.0.1/32"],
         "media_timeout_s": 2.0,
         **overrides,
     }
-    return MediaFetcher(
-        Settings(_env_file=None, **values), ByteBudget(64 << 20), Metrics(), resolver
-    )
+    settings = Settings(_env_file=None, **values)
+    return MediaFetcher(settings, ByteBudget(64 << 20), Metrics(), resolver, trust)
 
 
 def fetch(media: MediaFetcher, *urls: str, limit: int = 64 << 20) -> list[Any]:
@@ -295,3 +298,41 @@ def test_fetches_run_concurrently_within_the_bound(server: MediaServer) -> None:
     urls = [server.url("/pause/p.png")] * 12
     assert fetch(fetcher(media_concurrency=3), *urls) == [PNG] * 12
     assert server.most_at_once == 3  # at once, never more than LAD_MEDIA_CONCURRENCY
+
+
+def test_https_to_the_checked_address_still_verifies_the_name(tmp_path: Any) -> None:
+    """The connection goes to the address checked, TLS to the name: a certificate for
+    images.example.test is accepted for that name and refused for another name that
+    resolves to the same address."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=images.example.test"),
+            *("-addext", "subjectAltName=DNS:images.example.test"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(cert, key)
+    trust = ssl.create_default_context(cafile=str(cert))
+
+    async def resolver(host: str, port: int) -> list[Any]:
+        return [ip("127.0.0.1")]
+
+    names = ["images.example.test", "other.example.test"]
+    with MediaServer(tls=served) as server:
+        server.add("t.png", PNG)
+        media = fetcher(resolver, trust, media_allowed_domains=names)
+        assert fetch(media, server.url("/img/t.png", names[0])) == [PNG]
+        with pytest.raises(errors.MediaFetchFailed, match="connection"):
+            fetch(
+                fetcher(resolver, trust, media_allowed_domains=names),
+                server.url("/img/t.png", names[1]),
+            )
+        with pytest.raises(errors.MediaFetchFailed, match="connection"):  # the system's CAs
+            fetch(
+                fetcher(resolver, media_allowed_domains=names), server.url("/img/t.png", names[0])
+            )
+        assert server.requests == [("/img/t.png", f"{names[0]}:{server.port}")]
