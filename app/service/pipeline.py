@@ -289,7 +289,8 @@ class Pipeline:
             ctx.fetched = Fetched(self.decoder.budget, limit[1], limit[0])
         started = time.perf_counter()
         try:
-            return await self.media.fetch_all(groups, ctx.fetched)
+            with tracing.stage_span("fetch"):  # a child of decode's span, which runs it
+                return await self.media.fetch_all(groups, ctx.fetched)
         finally:
             ctx.add("fetch", ms_since(started))
 
