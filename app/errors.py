@@ -107,6 +107,33 @@ class ImageTooLarge(ServiceError):
     )
 
 
+class MediaNotAllowed(ServiceError):
+    code, status = "media_not_allowed", 400
+    meaning = (
+        "an image URL the service may not fetch: URLs are off (LAD_MEDIA_ALLOWED_DOMAINS is "
+        "empty, the default), a scheme other than http(s) (file:// never), a host outside "
+        "LAD_MEDIA_ALLOWED_DOMAINS, or a host or redirect that resolves to a private, "
+        "loopback, link-local or other non-public address outside LAD_MEDIA_ALLOWED_NETWORKS"
+    )
+
+
+class MediaFetchFailed(ServiceError):
+    code, status = "media_fetch_failed", 422
+    meaning = (
+        "an allowed image URL could not be fetched: its host did not resolve or refused the "
+        "connection, answered other than 200 (e.g. 404), or redirected more than "
+        "LAD_MEDIA_MAX_REDIRECTS times"
+    )
+
+
+class MediaFetchTimeout(ServiceError):
+    code, status = "media_fetch_timeout", 408
+    meaning = (
+        "an image URL's bytes, redirects included, did not arrive within LAD_MEDIA_TIMEOUT_S "
+        "(like a body that arrives too slowly: the request's content did not come in time)"
+    )
+
+
 class PayloadTooLarge(ServiceError):
     code, status = "payload_too_large", 413
     meaning = "the request body is over the route's limit (LAD_MAX_BODY_BYTES, ...)"
@@ -274,6 +301,9 @@ ERRORS: tuple[type[ServiceError], ...] = (
     UnsupportedImageFormat,
     UnsupportedImage,
     ImageTooLarge,
+    MediaNotAllowed,
+    MediaFetchFailed,
+    MediaFetchTimeout,
     PayloadTooLarge,
     RequestTimeout,
     TooManyImages,

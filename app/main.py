@@ -111,6 +111,7 @@ def create_app(
         finally:
             app.state.service = None
             service.stop()
+            await service.pipeline.media.aclose()  # the image-URL connections, if any
             online.close()
             if store is None:
                 the_store.close()

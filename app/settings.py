@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -28,6 +29,31 @@ container). ``memory://`` keeps profiles in the process only; ``redis://host:por
 shares them between replicas."""
 SERVED_NAME_PATTERN = r"^\S+$"
 """A served model name: any characters but spaces (a hub id, "name:v2", a former path)."""
+
+
+_HOST = re.compile(
+    r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*"
+)
+"""A DNS host name (letters, digits, hyphens, underscores; labels of 1-63 characters)."""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _env_list(value: Any) -> Any:
+    """A list setting as the environment gives it ("a,b" or a JSON list), its entries
+    stripped and blank ones dropped; anything else as it is (the field's type checks it)."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = json.loads(text) if text.startswith("[") else text.split(",")
+    if isinstance(value, list | tuple):
+        value = [str(v).strip() for v in value if str(v).strip()]
+    return value
 
 
 class Settings(BaseSettings):
@@ -189,6 +215,28 @@ class Settings(BaseSettings):
         description="threads decoding images at once, shared by all requests "
         "(Pillow decodes without the GIL); each holds one full-size image at a time",
     )
+    # --- image URLs (docs/api.md "Images by URL"; off by default) -------------------------
+    media_allowed_domains: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="hosts whose http(s) image URLs are fetched, a comma or JSON list: "
+        "`cdn.example.com` (that host), `*.example.com` (every name under it); empty: no URL "
+        "is fetched (400 `media_not_allowed`)",
+    )
+    media_allowed_networks: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="address ranges (CIDR) an allowed host may resolve to although they are "
+        "private, loopback, link-local or otherwise not public (e.g. `10.0.0.0/8` for an "
+        "internal object store); empty: public addresses only",
+    )
+    media_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="longest fetch of one image URL, redirects included"
+    )
+    media_max_redirects: int = Field(
+        3, ge=0, le=20, description="redirects followed per image URL (each hop re-checked)"
+    )
+    media_concurrency: int = Field(
+        16, ge=1, le=1024, description="image URL fetches in flight at once on the replica"
+    )
     max_query_chars: int = Field(2000, ge=1, description="longest query / caption")
     max_label_chars: int = Field(32, ge=1, description="longest single label")
     max_label_tokens: int = Field(
@@ -331,12 +379,8 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_formats(cls, value: Any) -> Any:
         """Accept "JPEG,PNG" and a JSON list from the environment; names are upper-cased."""
-        if isinstance(value, str):
-            text = value.strip()
-            value = json.loads(text) if text.startswith("[") else text.split(",")
-        if isinstance(value, list | tuple):
-            value = [str(v).strip().upper() for v in value if str(v).strip()]
-        return value
+        value = _env_list(value)
+        return [v.upper() for v in value] if isinstance(value, list) else value
 
     @field_validator("image_formats")
     @classmethod
@@ -348,6 +392,37 @@ class Settings(BaseSettings):
                 f"unknown: {unknown}"
             )
         return list(dict.fromkeys(value))
+
+    @field_validator("media_allowed_domains", "media_allowed_networks", mode="before")
+    @classmethod
+    def _parse_media_lists(cls, value: Any) -> Any:
+        """Accept "a.com,b.com" and a JSON list from the environment."""
+        return _env_list(value)
+
+    @field_validator("media_allowed_domains")
+    @classmethod
+    def _check_media_domains(cls, value: list[str]) -> list[str]:
+        """Host names, IP addresses or ``*.<domain>``, as compared: lower case, no trailing
+        dot, no IPv6 brackets (a URL, a port or a bare ``*`` is a configuration error)."""
+        hosts = []
+        for entry in value:
+            host = entry.strip().strip("[]").rstrip(".").lower()
+            name = host.removeprefix("*.")
+            if not _HOST.fullmatch(name) and not _is_ip(name):
+                raise ValueError(
+                    f"media_allowed_domains entry {entry!r}: expected a host name, an IP "
+                    "address or '*.<domain>' (no scheme, port or path)"
+                )
+            hosts.append(host)
+        return list(dict.fromkeys(hosts))
+
+    @field_validator("media_allowed_networks")
+    @classmethod
+    def _check_media_networks(cls, value: list[str]) -> list[str]:
+        try:
+            return [str(ipaddress.ip_network(v, strict=False)) for v in value]
+        except ValueError as exc:
+            raise ValueError(f"media_allowed_networks: {exc} (expected CIDR ranges)") from None
 
     @field_validator("retrieve_token", "admin_token", mode="before")
     @classmethod

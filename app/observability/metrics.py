@@ -93,6 +93,10 @@ CLIENT_CLOSED_CODE = "client_closed_request"
 """A client that left before its request was read (nginx's 499): not a server error."""
 
 
+MEDIA_OUTCOMES = ("ok", "not_allowed", "failed", "timeout", "too_large")
+"""Values of ``lad_media_fetches_total{outcome}`` (app/service/decode/media.py)."""
+
+
 def error_codes() -> list[str]:
     """Every code of the error table (app.errors), the generic ones included."""
     found: set[str] = {"http_error", CLIENT_CLOSED_CODE}
@@ -193,6 +197,18 @@ class Metrics:
         )
         for name in (*IGNORED_RERANK_FIELDS, "other"):
             self.rerank_ignored_fields.labels(field=name)
+        self.media_fetches = Counter(
+            "lad_media_fetches",
+            "Image URL fetches (LAD_MEDIA_ALLOWED_DOMAINS) by outcome: ok, not_allowed (the "
+            "policy refused a URL, a redirect or an address), failed, timeout, too_large",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in MEDIA_OUTCOMES:
+            self.media_fetches.labels(outcome=outcome)
+        self.media_fetched_bytes = Counter(
+            "lad_media_fetched_bytes", "Bytes of the images fetched by URL", registry=r
+        )
         self.prompt_tokens = Histogram(
             "lad_prompt_tokens",
             "Tokens of one forward prompt per retrieve request, images included",

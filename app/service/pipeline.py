@@ -30,7 +30,9 @@ from app.method.calibrate import Calibration
 from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
 from app.observability import tracing
 from app.observability.metrics import Metrics
-from app.service.decode import Decoder
+from app.service.decode import Decoder, ImageInput
+from app.service.decode.decoder import is_url
+from app.service.decode.media import Fetched, MediaFetcher
 from app.service.profile_service import ProfileService
 from app.service.worker import ModelWorker, Work, WorkResult
 from app.settings import Settings
@@ -49,6 +51,9 @@ class Stage:
     """Finer keys measured within it (by the decoder, by the model worker)."""
     does: str
     """What its hooks do (the docs' stage table is generated from it)."""
+    inside: str | None = None
+    """The stage whose hook runs it (no hook of its own): its time is reported under its
+    own key and taken out of that stage's."""
 
 
 STAGES: tuple[Stage, ...] = (
@@ -59,6 +64,16 @@ STAGES: tuple[Stage, ...] = (
         "the checks before the queue (query, N, the labels resolved once per N, the limits), "
         "then base64 or multipart images to pixels, off the event loop (`base64` is its "
         "base64 step)",
+    ),
+    Stage(
+        "fetch",
+        "fetch",
+        (),
+        "image URLs to their bytes, when the operator allows their hosts "
+        "(LAD_MEDIA_ALLOWED_DOMAINS): every URL and redirect hop checked, fetched concurrently "
+        "within LAD_MEDIA_CONCURRENCY; run by decode after its checks, before the image "
+        "headers are read, and taken out of decode's time",
+        inside="decode",
     ),
     Stage(
         "plan",
@@ -99,6 +114,13 @@ TIMINGS: tuple[str, ...] = tuple(
 """The keys of ``timings_ms`` and the values of the stage metric's ``stage`` label."""
 
 
+_INSIDE: dict[str, tuple[Stage, ...]] = {
+    stage.name: tuple(s for s in STAGES if s.inside == stage.name and s.timed_as)
+    for stage in STAGES
+}
+"""The stages run (and timed) inside each stage's hook."""
+
+
 def ms_since(since: float) -> float:
     return (time.perf_counter() - since) * 1e3
 
@@ -117,6 +139,7 @@ class Context:
     calibrations: dict[int, Calibration] = field(default_factory=dict)  # plan: their B and P
     fallback_for: str | None = None  # plan: the method the operator's fallback replaced
     results: list[WorkResult] = field(default_factory=list)  # run
+    fetched: Fetched | None = None  # fetch: the bytes fetched by URL, charged until the end
 
     def add(self, key: str, ms: float) -> None:
         """Add ``ms`` to a timing (a stage may take several steps: rerank's rounds)."""
@@ -188,6 +211,7 @@ class Pipeline:
             special_tokens=runner.special_tokens(),
             image_size=getattr(runner, "image_size_for", None),
         )
+        self.media = MediaFetcher(settings, self.decoder.budget, metrics)
         self.method_config = MethodConfig(
             top_k=settings.top_k,
             tau=settings.tau,
@@ -205,15 +229,25 @@ class Pipeline:
         """Every stage's hook in order, each timed under its key; on success the stages
         are counted (``lad_stage_duration_seconds``) and the feature observes its own."""
         response: R | None = None
-        for stage in STAGES:
-            start = time.perf_counter()
-            with tracing.stage_span(stage.name):  # a trace span per timed stage, same names
-                if stage.name == "encode":
-                    response = await handler.encode(ctx)
-                else:
-                    await getattr(handler, stage.name)(ctx)
-            if stage.timed_as is not None:
-                ctx.add(stage.timed_as, ms_since(start))
+        try:
+            for stage in STAGES:
+                if stage.inside is not None:
+                    continue  # its time is taken out of the stage that runs it
+                inner = {s.timed_as: ctx.timings.get(s.timed_as, 0.0) for s in _INSIDE[stage.name]}
+                start = time.perf_counter()
+                with tracing.stage_span(stage.name):  # a trace span per timed stage, same names
+                    if stage.name == "encode":
+                        response = await handler.encode(ctx)
+                    else:
+                        await getattr(handler, stage.name)(ctx)
+                if stage.timed_as is not None:
+                    nested = sum(ctx.timings.get(key, 0.0) - ms for key, ms in inner.items())
+                    ctx.add(stage.timed_as, ms_since(start) - nested)
+                for key in inner:  # a stage with nothing to do took no time (no image URL)
+                    ctx.timings.setdefault(key, 0.0)
+        finally:
+            if ctx.fetched is not None:  # the fetched bytes leave the budget with the request
+                ctx.fetched.release()
         assert response is not None
         timings = {key: ctx.timings[key] for key in TIMINGS if key in ctx.timings}
         wire = handler.timings_of(response)
@@ -238,6 +272,27 @@ class Pipeline:
 
     def key(self, profile: str, labels: Labels) -> ProfileKey:
         return self.profiles.key(profile, labels.scheme, labels.n)
+
+    async def fetch(
+        self,
+        ctx: Context,
+        groups: Sequence[tuple[str, Sequence[ImageInput]]],
+        limit: tuple[str, int],
+    ) -> list[list[ImageInput]]:
+        """The fetch stage (run by a decode hook after its checks): each group of inputs
+        (its field name, for messages) with every image URL replaced by its bytes, the
+        request's fetched bytes within ``limit`` (the route's body limit: its setting and
+        bytes); timed as ``fetch``. Without a URL the inputs come back as they are."""
+        if not any(is_url(value) for _, inputs in groups for value in inputs):
+            return [list(inputs) for _, inputs in groups]  # reported as 0 ms
+        if ctx.fetched is None:
+            ctx.fetched = Fetched(self.decoder.budget, limit[1], limit[0])
+        started = time.perf_counter()
+        try:
+            with tracing.stage_span("fetch"):  # a child of decode's span, which runs it
+                return await self.media.fetch_all(groups, ctx.fetched)
+        finally:
+            ctx.add("fetch", ms_since(started))
 
     # -------------------------------------------------------------------- plan
     def plan(

@@ -13,7 +13,8 @@ import pytest
 from cohere.core.api_error import ApiError
 
 from lad_lab.demo.world import RetrievalExample
-from tests.api.helpers import data_url
+from tests.api.helpers import data_url, png_bytes
+from tests.media_server import MediaServer
 
 TOKEN = "cohere-test-token"
 SEED = {"additional_body_parameters": {"seed": 11}}
@@ -104,3 +105,27 @@ def test_cohere_clients_see_the_services_errors(server: Any, items: list[Retriev
         v1.rerank(model=model, query=item.query, documents=[*documents[:1], "bm90IGFuIGltYWdl"])
     assert not_an_image.value.status_code == 400
     assert "documents[1] is not a readable image" in not_an_image.value.body["message"]
+
+
+def test_cohere_client_sends_image_urls_the_operator_allows(
+    live_server: Any, items: list[RetrievalExample]
+) -> None:
+    """URL documents through the stock SDK, as a backend that keeps CDN URLs sends them:
+    the same ranking as the images sent inline."""
+    item = items[0]
+    served = live_server(
+        media_allowed_domains=["127.0.0.1"], media_allowed_networks=["127.0.0.1/32"]
+    )
+    client = cohere.ClientV2(api_key=TOKEN, base_url=served.url, timeout=120)
+    model = httpx.get(f"{served.url}/v1/models").json()["data"][0]["id"]
+    options = {"additional_body_parameters": {"seed": 11, "method": "vanilla"}}
+    inline = [data_url(im, "PNG") for im in item.images]
+    with MediaServer() as images:
+        urls = [images.add(f"{i}.png", png_bytes(im)) for i, im in enumerate(item.images)]
+        by_url = client.rerank(
+            model=model, query=item.query, documents=urls, request_options=options
+        )
+    sent = client.rerank(model=model, query=item.query, documents=inline, request_options=options)
+    assert [(x.index, x.relevance_score) for x in by_url.results] == [
+        (x.index, x.relevance_score) for x in sent.results
+    ]

@@ -20,9 +20,12 @@ from app.observability import tracing
 from app.service.pipeline import STAGES
 from app.settings import Settings
 from lad_lab.demo.world import RetrievalExample
-from tests.api.helpers import b64, retrieve_body
+from tests.api.helpers import b64, png_bytes, retrieve_body
+from tests.media_server import MediaServer
 from tests.otlp import Receiver, attributes, stage_children
 
+TOP = [stage.name for stage in STAGES if stage.inside is None]
+"""The request span's children (fetch is a child of decode, when there is a URL)."""
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
@@ -99,7 +102,7 @@ def test_spans_reach_an_otlp_receiver(
     assert attrs["lad.batch.sizes"][0] >= 1
     assert retrieve.status.code != Status.STATUS_CODE_ERROR
     children = stage_children(spans, retrieve)
-    assert [c.name for c in children] == [stage.name for stage in STAGES]
+    assert [c.name for c in children] == TOP
     assert all(c.trace_id == retrieve.trace_id for c in children)
     run = next(c for c in children if c.name == "run")
     assert attributes(run.attributes)["lad.batch.ids"] == attrs["lad.batch.ids"]
@@ -109,7 +112,7 @@ def test_spans_reach_an_otlp_receiver(
     attrs = attributes(rerank.attributes)
     assert attrs["http.route"] == "/v1/rerank" and attrs["lad.batch.count"] >= 1
     assert len(attrs["lad.batch.ids"]) == len(attrs["lad.batch.sizes"]) == attrs["lad.batch.count"]
-    assert [c.name for c in stage_children(spans, rerank)] == [stage.name for stage in STAGES]
+    assert [c.name for c in stage_children(spans, rerank)] == TOP
 
     refused = requests["e"]
     assert refused.status.code == Status.STATUS_CODE_ERROR
@@ -118,6 +121,26 @@ def test_spans_reach_an_otlp_receiver(
     assert (
         attrs["error.type"] == "calibration_required" and attrs["http.response.status_code"] == 409
     )
+
+
+def test_the_fetch_of_image_urls_is_a_span_inside_decode(
+    make_client: Any, exporting: Receiver, items: list[RetrievalExample]
+) -> None:
+    client = make_client(
+        media_allowed_domains=["127.0.0.1"], media_allowed_networks=["127.0.0.1/32"]
+    )
+    with MediaServer() as images:
+        urls = [images.add(f"{i}.png", png_bytes(im)) for i, im in enumerate(items[0].images)]
+        body = {"query": items[0].query, "method": "vanilla", "images": urls}
+        r = client.post("/v1/retrieve", json=body, headers={"X-Request-ID": "by-url"})
+    assert r.status_code == 200, r.text
+    assert tracing.force_flush()
+    spans = [span for _, span in exporting.spans()]
+    request = next(s for s in spans if attributes(s.attributes).get("lad.request_id") == "by-url")
+    children = stage_children(spans, request)
+    assert [c.name for c in children] == TOP
+    decode = next(c for c in children if c.name == "decode")
+    assert [c.name for c in stage_children(spans, decode)] == ["fetch"]
 
 
 def test_the_service_stop_flushes_the_buffered_spans(
@@ -132,7 +155,7 @@ def test_the_service_stop_flushes_the_buffered_spans(
         assert receiver.requests == []
     assert not tracing.enabled()
     names = {span.name for _, span in receiver.spans()}
-    assert names == {"POST /v1/retrieve", *(stage.name for stage in STAGES)}
+    assert names == {"POST /v1/retrieve", *TOP}
 
 
 def test_a_collector_that_never_answers_holds_the_stop_at_most_the_bound(

@@ -32,6 +32,11 @@ LIMITS: tuple[tuple[str, str], ...] = (
     ("max_aspect_ratio", "422 `unsupported_image`"),
     ("image_formats", "415 `unsupported_image_format`"),
     ("max_concurrent_decodes", "waits for a slot"),
+    ("media_allowed_domains", "400 `media_not_allowed` (empty, the default: every URL)"),
+    ("media_allowed_networks", "400 `media_not_allowed` for a host that resolves elsewhere"),
+    ("media_timeout_s", "408 `media_fetch_timeout`"),
+    ("media_max_redirects", "422 `media_fetch_failed`"),
+    ("media_concurrency", "waits for a slot"),
     ("max_query_chars", "422 `invalid_query`"),
     ("max_label_chars", "422 `invalid_labels`"),
     ("max_label_tokens", "422 `invalid_labels`"),
@@ -126,7 +131,7 @@ def covers(name: str) -> str | None:
 def _default(name: str) -> str:
     value = Settings.model_fields[name].default
     if isinstance(value, list):
-        return ",".join(value)
+        return ",".join(value) or "(empty)"
     if value is None:
         return "unset"
     return str(value).lower() if isinstance(value, bool) else str(value)

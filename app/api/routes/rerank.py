@@ -35,7 +35,8 @@ Fields of other rerank APIs that change nothing here (Cohere's `max_tokens_per_d
 Infinity's `raw_scores`, vLLM's `truncate_prompt_tokens`, any other unknown field) are
 accepted, ignored, counted in `lad_rerank_ignored_fields_total` and named in the request's log
 line; a multipart form stays strict. `usage` carries `prompt_tokens` and `total_tokens`.
-Images are read from the body only: remote URLs are never fetched (400 `invalid_image`). The
+An http(s) image URL is fetched only from the hosts the operator allows (by default none:
+400 `media_not_allowed`; docs/api.md "Images by URL"). The
 same call answers on POST /v1/rerank, /v2/rerank (Cohere's ClientV2) and /rerank (vLLM's path)."""
 
 

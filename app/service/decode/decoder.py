@@ -97,18 +97,20 @@ def target_size(width: int, height: int, budget: int | None) -> tuple[int, int]:
     return short, long_
 
 
+def is_url(value: object) -> bool:
+    """Whether an image input names its image by URL (for the fetch stage to fetch or
+    refuse: app/service/decode/media.py) rather than carrying it."""
+    return isinstance(value, str) and _REMOTE_URL.match(value.lstrip()) is not None
+
+
 def _to_bytes(data: ImageInput, where: str, settings: Settings) -> bytes:
     """Base64 (data URL or bare) or raw bytes -> encoded image bytes, within the byte limit."""
     if not isinstance(data, str):
         raw = bytes(data)
     else:
         text = data.strip()  # the same object when there is nothing to strip
-        if _REMOTE_URL.match(text):  # never fetched: no request leaves the service (SSRF)
-            raise errors.InvalidImage(
-                f"{where} is a remote URL ({text[: text.find(':')][:16]}://...); the service "
-                "does not fetch URLs: send the image itself, as data:image/<type>;base64,<data> "
-                "or bare base64"
-            )
+        if is_url(text):  # the fetch stage replaced every URL it may fetch (media.py)
+            raise errors.MediaNotAllowed(f"{where} is a URL, which is not fetched here")
         if text[:5] == "data:":
             comma = text.find(",", 0, 256)
             if comma < 0 or not _DATA_URL_HEADER.fullmatch(text, 0, comma):

@@ -185,11 +185,17 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
         ctx.fingerprints = {n: pipeline.profiles.fingerprint(ctx.labels[n], n) for n in sizes}
         logs.note(n=sizes[-1], labels=ctx.fingerprints[sizes[-1]].label_scheme)
         decoder = pipeline.decoder
+        body_limit = ("LAD_MAX_CALIBRATE_BODY_BYTES", pipeline.settings.max_calibrate_body_bytes)
+        images = await pipeline.fetch(
+            ctx,
+            [(f"examples[{m}].images", ex.images) for m, ex in enumerate(request.examples)],
+            body_limit,
+        )
         async with decoder.slot():
             ctx.decoded = await run_in_threadpool(
                 lambda: [
-                    decoder.images(ex.images, f"examples[{m}].images", ctx.timings)
-                    for m, ex in enumerate(request.examples)
+                    decoder.images(inputs, f"examples[{m}].images", ctx.timings)
+                    for m, inputs in enumerate(images)
                 ]
             )
 

@@ -167,6 +167,8 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         pipeline.decoder.query(ctx.query)
         for k, document in enumerate(ctx.inputs):
             _text_around_image(document, k)
+        body_limit = ("LAD_MAX_BODY_BYTES", pipeline.settings.max_body_bytes)
+        [ctx.inputs] = await pipeline.fetch(ctx, [("documents", ctx.inputs)], body_limit)
         async with pipeline.decoder.slot():  # every header checked; pixels when a round runs
             ctx.encoded = await run_in_threadpool(
                 pipeline.decoder.encoded, ctx.inputs, "documents", ctx.timings

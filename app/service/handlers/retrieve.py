@@ -68,6 +68,8 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
         )
         pipeline.decoder.query(ctx.query)
         ctx.labels[ctx.n] = pipeline.labels(ctx.n, options.labels, "images")
+        body_limit = ("LAD_MAX_BODY_BYTES", pipeline.settings.max_body_bytes)
+        [ctx.inputs] = await pipeline.fetch(ctx, [("images", ctx.inputs)], body_limit)
         async with pipeline.decoder.slot():
             ctx.images = await run_in_threadpool(
                 pipeline.decoder.images, ctx.inputs, "images", ctx.timings

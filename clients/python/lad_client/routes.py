@@ -92,8 +92,11 @@ IMAGES = (
     "invalid_query",
     "invalid_labels",
     "prompt_too_long",
+    "media_not_allowed",
+    "media_fetch_failed",
+    "media_fetch_timeout",
 )
-"""Routes that decode a query and candidate images."""
+"""Routes that decode a query and candidate images (image URLs fetched where allowed)."""
 AUTH = ("unauthorized", "forbidden")
 ADMIN = (*AUTH, "store_unavailable")
 """Admin routes: a token, and the store behind them."""

@@ -195,18 +195,21 @@ def test_wrong_model_is_404(client: Any, items: list[RetrievalExample]) -> None:
     ],
 )
 def test_remote_urls_are_not_fetched(client: Any, items: list[RetrievalExample], url: str) -> None:
+    """By default (LAD_MEDIA_ALLOWED_DOMAINS empty) no URL is fetched, in any shape;
+    tests/api/routes/test_media_urls.py has the URLs an operator allows."""
     docs = [b64(im) for im in items[0].images]
+    why = "never fetched" if url.startswith("file:") else "LAD_MEDIA_ALLOWED_DOMAINS is empty"
     for shaped in (url, {"image": url}, {"type": "image_url", "image_url": {"url": url}}):
         body = {"query": items[0].query, "method": "vanilla", "documents": [*docs, shaped]}
         r = client.post("/v1/rerank", json=body)
         assert r.status_code == 400, r.text
         error = r.json()["error"]
-        assert error["code"] == "invalid_image" and "does not fetch URLs" in error["message"]
+        assert error["code"] == "media_not_allowed" and why in error["message"]
     r = client.post(
         "/v1/retrieve",
         json={"query": items[0].query, "method": "vanilla", "images": [*docs[:2], url]},
     )
-    assert r.status_code == 400 and "does not fetch URLs" in r.json()["error"]["message"]
+    assert r.status_code == 400 and why in r.json()["error"]["message"]
 
 
 def test_relevance_score_follows_the_ranking_across_windows(client: Any) -> None:

@@ -395,3 +395,11 @@ def test_requests_waiting_for_a_decode_slot_do_not_stall_one_larger_than_the_bud
     assert asyncio.run(main()) == [1024] * 4
     assert time.monotonic() - start < 4  # in turn, not after a wait runs out
     assert decoder.budget.used == 0
+
+
+def test_a_url_that_reaches_the_decoder_is_refused_not_read_as_base64() -> None:
+    """The fetch stage replaces every URL it may fetch; one left over is refused as a URL."""
+    for url in ("https://cdn.example.com/a.png", " file:///etc/passwd"):
+        assert decode.is_url(url)
+        with pytest.raises(errors.MediaNotAllowed, match="is a URL"):
+            _one(_decoder(), url)

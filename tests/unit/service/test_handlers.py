@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,13 +73,32 @@ def test_the_runner_runs_every_stage_in_order_and_times_it_under_the_one_vocabul
     pipeline: Any = _Pipeline()
     handler = Recording(pipeline)
     wire = asyncio.run(Pipeline.serve(pipeline, handler, Context(method="vanilla")))
-    assert handler.order == [s.name for s in STAGES]
+    assert handler.order == [s.name for s in STAGES if s.inside is None]  # fetch: in decode
     assert tuple(wire) == TIMINGS  # every key, in the tuple's order, nothing else
     text = pipeline.metrics.render()[0].decode()
     for key in TIMINGS:
         assert f'lad_stage_duration_seconds_count{{method="vanilla",stage="{key}"}} 1.0' in text
     with pytest.raises(AssertionError):
         Context().add("total", 1.0)  # not a stage key
+
+
+class Fetching(Recording):
+    """A decode hook that runs the fetch stage inside it (as the features do for URLs)."""
+
+    async def decode(self, ctx: Context) -> None:
+        started = time.perf_counter()
+        await asyncio.sleep(0.05)
+        ctx.add("fetch", (time.perf_counter() - started) * 1e3)
+
+
+def test_a_stage_run_inside_another_is_reported_apart_from_it() -> None:
+    from app.service.pipeline import Pipeline
+
+    pipeline: Any = _Pipeline()
+    wire = asyncio.run(Pipeline.serve(pipeline, Fetching(pipeline), Context(method="vanilla")))
+    assert wire["fetch"] >= 50 and wire["decode"] < 25  # the fetch is not decode's time
+    wire = asyncio.run(Pipeline.serve(pipeline, Recording(pipeline), Context(method="vanilla")))
+    assert wire["fetch"] == 0.0  # nothing to fetch: present, at 0
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ Cohere's shape), as Cohere's object ``{"text": ...}`` (the string in its text fi
 Jina's ``{"image": ...}``, as an OpenAI/vLLM content part
 ``{"type": "image_url", "image_url": {"url": ...}}`` or as vLLM's document
 ``{"content": [<one image_url part>]}``; the whole list may also be vLLM's
-``{"content": [<parts>]}`` (each part one document). Only the image bytes are read: the
-service never fetches a remote URL.
+``{"content": [<parts>]}`` (each part one document). The string may also be an
+``http(s)`` URL, which the service fetches only from the hosts its operator allows
+(LAD_MEDIA_ALLOWED_DOMAINS; by default none).
 
 ``return_documents`` echoes each document in the shape Cohere, vLLM and the clients built
 on them read (``{"text": ...}``) for a string, and as it was sent for an object.
@@ -21,7 +22,10 @@ from pydantic import Field
 
 from lad_client.types.common import Strict
 
-IMAGE_DESCRIPTION = "a data:image/...;base64, URL or bare base64 (remote URLs are not fetched)"
+IMAGE_DESCRIPTION = (
+    "a data:image/...;base64, URL, bare base64, or an http(s) URL the service fetches from a "
+    "host its operator allows (LAD_MEDIA_ALLOWED_DOMAINS; by default none)"
+)
 
 
 class ImageUrl(Strict):

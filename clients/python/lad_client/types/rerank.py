@@ -110,8 +110,9 @@ class RerankRequest(RerankOptions):
         'base64, URL or bare base64 string, Cohere\'s {"text": ...}, Jina\'s {"image": ...}, '
         "an image_url content part "
         '{"type": "image_url", "image_url": {"url": ...}} or vLLM\'s {"content": [<one image_url '
-        'part>]}; or vLLM\'s {"content": [<image_url parts>]} (one document per part). Remote '
-        "(http://, https://) URLs are not fetched: 400 invalid_image",
+        'part>]}; or vLLM\'s {"content": [<image_url parts>]} (one document per part). An '
+        "http(s) image URL is fetched only from the hosts the operator allows "
+        "(LAD_MEDIA_ALLOWED_DOMAINS; empty by default: 400 media_not_allowed)",
     )
 
     def listed(self) -> list[Document]:
