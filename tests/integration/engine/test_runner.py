@@ -262,7 +262,14 @@ def test_registry_and_dtype_errors() -> None:
     with pytest.raises(UnsupportedModelError, match="qwen2_5_vl"):
         adapter_for(BertConfig())
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), torch.float16) == torch.float16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    # a bfloat16 checkpoint runs in bfloat16 only on a CPU that multiplies it natively
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert resolve_dtype("auto", cpu, bf16, fast_bf16_cpu=True) == bf16
+    assert resolve_dtype("auto", cpu, bf16, fast_bf16_cpu=False) == torch.float32
+    assert resolve_dtype("auto", cpu, torch.float16, fast_bf16_cpu=True) == torch.float32
+    assert resolve_dtype("float32", cpu, bf16, fast_bf16_cpu=True) == torch.float32
     with pytest.raises(ValueError):
         resolve_dtype("int3")
     with pytest.raises(ValueError):
