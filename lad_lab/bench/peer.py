@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -244,9 +245,10 @@ def measure(
                     theirs = [len(c.latencies_ms) / c.elapsed_s for c in chunks[ref]]
                     cell.ratio = ratio_spread(per_round, theirs)
                 cells.append(cell)
+                ratio = f" ratio {cell.ratio['median']:.2f}" if cell.ratio else ""
                 print(
                     f"{stream:9s} c={level:3d} {side.name:16s} {cell.requests_per_s:7.2f} req/s "
-                    f"p50={cell.p50_ms:8.1f} p95={cell.p95_ms:8.1f} {cell.ratio or ''}",
+                    f"p50={cell.p50_ms:8.1f} p95={cell.p95_ms:8.1f}{ratio}",
                     flush=True,
                 )
     return cells, answers
@@ -361,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         for s in sides:
             if s.name in peaks:
                 s.peak_rss_mib = peaks[s.name].peak
+    except BaseException:
+        print(f"the servers' logs are in {workdir}", flush=True)
+        raise
     finally:
         for server in running:
             server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
     ref = reference_side(sides)
     agree = None

@@ -76,6 +76,15 @@ def _with_peer_processor(folder: Path) -> Path:
     return folder
 
 
+def context_length(checkpoint: Path, cap: int = 2048) -> int:
+    """vLLM's --max-model-len: ``cap`` (its KV cache is sized for it), or the checkpoint's
+    own context where that is shorter (vLLM refuses a longer one; the demo's is 1024)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    own = config.get("text_config", {}).get("max_position_embeddings")
+    own = own or config.get("max_position_embeddings")
+    return min(cap, int(own)) if own else cap
+
+
 def label_token_ids(checkpoint: Path, labels: list[str]) -> list[int]:
     """One token id per label (the tokenizer's own; a label of several tokens is refused)."""
     from transformers import AutoTokenizer
@@ -142,7 +151,7 @@ class PeerServer:
             "--dtype",
             dtype,
             "--max-model-len",
-            "2048",
+            str(context_length(checkpoint)),
             "--limit-mm-per-prompt",
             json.dumps({"image": max_images, "video": 0}),
             "--served-model-name",

@@ -4,9 +4,10 @@ agreement, the repeated stream, the peer's request and answer, and the record's 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from lad_lab.bench import peer
-from lad_lab.bench.peer_server import chat_body, peer_answer
+from lad_lab.bench.peer_server import chat_body, context_length, peer_answer
 
 
 def test_ratio_spread_is_the_median_and_range_of_per_round_ratios() -> None:
@@ -61,3 +62,10 @@ def test_record_table_has_ratios_startup_memory_and_agreement() -> None:
     assert "| distinct | 4 | lad agd | 1.00 | 20 | 29 | 1.20 (1.10-1.30) |" in table
     assert "| lad agd | 6.5 | 440 |" in table
     assert "62 of 64" in table
+
+
+def test_context_length_is_capped_by_the_checkpoints_own(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"text_config": {"max_position_embeddings": 1024}}')
+    assert context_length(tmp_path) == 1024  # the demo's: vLLM refuses a longer one
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 128000}')
+    assert context_length(tmp_path) == 2048
