@@ -3,8 +3,9 @@
 One run starts ``lad serve`` (one per ``--threads`` setting) and, with ``--peer-python``,
 vLLM's OpenAI server on the same checkpoint (or drives ``--peer-url``), then sends the same
 workload to every side: query + N images with the same prompt text, as a stream of distinct
-images and as a repeated-image stream (a few requests' images again and again, rotated:
-what the encoder caches see in practice), at each concurrency. Rounds are interleaved, the
+images (fresh ones at every level: a prompt seen before is a prefix-cache hit) and as a
+repeated-image stream (a few requests' images again and again, rotated: what the encoder
+caches see in practice), at each concurrency. Rounds are interleaved, the
 order of the sides rotating, so that on a shared machine all see the same load; the
 requests/s ratio to the reference side (the peer, else ``--threads 1``) is reported per
 round as its median and min-max. Also p50/p95, start-up time to ready, the peak resident
@@ -217,21 +218,25 @@ def reference_side(sides: list[Side]) -> str:
 
 def measure(
     sides: list[Side],
-    streams: dict[str, list[dict]],
+    streams: dict[str, list[list[dict]]],
     levels: list[int],
     rounds: int,
     send: dict[str, Any],
 ) -> tuple[list[Cell], dict[str, dict[int, int | None]]]:
-    """Every (stream, level): ``rounds`` chunks of the stream, each to every side in turn
-    (the order rotating by round); cells with the per-round ratio to the reference."""
+    """Every (stream, level): ``rounds`` chunks of the stream's payloads for that level
+    (``streams[stream][k]`` for ``levels[k]``), each chunk to every side in turn (the order
+    rotating by round); cells with the per-round ratio to the reference. Answers are keyed
+    by the payload's place in its stream, levels one after the other."""
     ref = reference_side(sides)
     cells: list[Cell] = []
     answers: dict[str, dict[int, int | None]] = {s.name: {} for s in sides}
-    for stream, payloads in streams.items():
-        for level in levels:
+    for stream, per_level in streams.items():
+        offset = 0
+        for level, payloads in zip(levels, per_level, strict=True):
             chunks: dict[str, list[Chunk]] = {s.name: [] for s in sides}
+            first, offset = offset, offset + len(payloads)
             for r in range(rounds):
-                part = [(i, p) for i, p in enumerate(payloads) if i % rounds == r]
+                part = [(first + i, p) for i, p in enumerate(payloads) if i % rounds == r]
                 order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 for side in order:
                     chunk = asyncio.run(_drive(send[side.name], part, level))
@@ -301,9 +306,15 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = prepare_checkpoint(args.model, args.width, Path(args.cache), args.shape_dtype)
     lad_model = str(checkpoint or args.model)
     labels = [str(i + 1) for i in range(args.n)]
-    distinct = build_payloads(args.requests, args.n, seed="test")
-    pool = build_payloads(REPEATED_POOL, args.n, seed="eval")
-    streams = {"distinct": distinct, "repeated": repeated_stream(pool, args.requests)}
+    # distinct: fresh images at every level (a prompt seen before is a prefix-cache hit)
+    distinct = build_payloads(args.requests * len(levels), args.n, seed="test")
+    repeated = repeated_stream(build_payloads(REPEATED_POOL, args.n, seed="eval"), args.requests)
+    per_level = args.requests
+    streams = {
+        "distinct": [distinct[k * per_level : (k + 1) * per_level] for k in range(len(levels))],
+        "repeated": [repeated] * len(levels),
+    }
+    warm_up = build_payloads(2, args.n, seed="train")
     examples = build_payloads(5, args.n, seed="calibration")
     token_ids = label_token_ids(checkpoint, labels) if checkpoint and with_peer else []
 
@@ -351,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                 sides.append(Side(PEER, PEER, peer.url, peer.pid, peer.startup_s))
         send = {s.name: sender(s, args.method, labels, token_ids, args.peer_name) for s in sides}
         for s in sides:  # warm-up: one request of each stream
-            asyncio.run(_drive(send[s.name], [(0, distinct[0]), (1, streams["repeated"][0])], 1))
+            asyncio.run(_drive(send[s.name], list(enumerate(warm_up)), 1))
         peaks = {s.name: TreePeak(s.pid) for s in sides if s.pid is not None}
         for p in peaks.values():
             p.__enter__()
