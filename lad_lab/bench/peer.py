@@ -58,6 +58,7 @@ class Side:
     startup_s: float
     threads: str | None = None
     peak_rss_mib: float = 0.0
+    engine: dict[str, Any] = field(default_factory=dict)  # ours: /readyz's model (dtype...)
 
 
 @dataclass
@@ -337,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     server.pid,
                     time.perf_counter() - started,
                     threads=setting,
+                    engine=httpx.get(f"{server.url}/readyz", timeout=10.0).json().get("model", {}),
                 )
             )
             if args.method != "vanilla":

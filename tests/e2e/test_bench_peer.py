@@ -21,6 +21,7 @@ def test_peer_bench_compares_thread_settings_without_a_peer(tmp_path):
     assert record["reference"] == "lad agd threads=1"
     assert {s["name"] for s in record["sides"]} == {"lad agd threads=auto", "lad agd threads=1"}
     assert all(s["startup_s"] > 0 and s["peak_rss_mib"] > 100 for s in record["sides"])
+    assert all(s["engine"]["dtype"] == "float32" for s in record["sides"])  # the demo's own
     cells = record["cells"]
     assert len(cells) == 2 * 2 * 2  # streams x levels x sides
     assert all(c["requests"] == 4 and c["errors"] == 0 for c in cells)
