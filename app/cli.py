@@ -66,6 +66,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "lad_lab.bench.online",
         "time the evidence cache and feedback per store backend (online calibration)",
     ),
+    "bench peer": (
+        "lad_lab.bench.peer",
+        "our service side by side with vLLM on the same checkpoint (or our thread settings)",
+    ),
+    "bench dtype": (
+        "lad_lab.bench.dtype",
+        "bfloat16 against float32: agreement of the decisions on the demo and tiny families",
+    ),
     "model tiny": (
         "lad_lab.testing.tiny_cli",
         "write a tiny random checkpoint of a model type, to serve with LAD_MODEL=<dir>",

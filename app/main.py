@@ -45,6 +45,7 @@ every response carries `X-Request-ID` (the one sent, or a generated one)."""
 
 
 def load_runner_from_settings(settings: Settings) -> RunnerLike:
+    from app.engine.hardware import torch_threads
     from app.models.loader import load_runner  # torch/transformers only when serving
 
     return load_runner(
@@ -54,7 +55,7 @@ def load_runner_from_settings(settings: Settings) -> RunnerLike:
         dtype=settings.dtype,
         layers=settings.layers,
         prompt_variant=settings.prompt_variant,
-        threads=settings.torch_threads,
+        threads=torch_threads(settings.torch_threads),
         max_pixels=settings.max_pixels,
         min_pixels=settings.min_pixels,
         device_map=settings.device_map,

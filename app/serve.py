@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except BindError as exc:
         log.error("%s", exc)
         return exc.exit_code
+    from app.engine import openmp
+
+    openmp.configure()  # before the first import of torch (the OpenMP runtime reads it then)
     from app.engine import host_memory
     from app.main import create_app, load_runner_from_settings
     from app.models.loader import ModelLoadError

@@ -78,7 +78,11 @@ class Settings(BaseSettings):
     device: str = Field("auto", description='"auto" (cuda when available), "cpu", "cuda:0"...')
     dtype: str = Field("auto", description='"auto", "float32", "bfloat16", "float16"')
     torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads (unset: torch's default)"
+        None,
+        ge=0,
+        description="torch intra-op threads on CPU; unset: the usable CPUs (affinity and "
+        "cgroup quota) minus one, at least 1, leaving a core to the HTTP loop and image "
+        "decode; 0: torch's own default (every core)",
     )
     prompt_variant: Literal["vanilla", "instruction"] = Field(
         "vanilla", description="prompt wording of DESIGN §2.6 (part of the profile fingerprint)"

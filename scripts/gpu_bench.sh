@@ -30,7 +30,11 @@
 #      64-document rerank, a Zipf stream's throughput, memory at the bound (`lad bench cache`);
 #   8. issue 31: the cost curves, the same command as docs/benchmarks.md's CPU record
 #      (`lad bench curves`: vanilla / agd / perm_avg against N = 2..64, tokens per image and
-#      batch size, tiny Qwen2.5-VL; peak memory the CUDA allocator's), record and PNG.
+#      batch size, tiny Qwen2.5-VL; peak memory the CUDA allocator's), record and PNG;
+#   9. issue 42: `lad bench peer`, our service beside vLLM's OpenAI server on the 3B shape at
+#      width 512 in bf16 (concurrency 1, 4, 16), only where vLLM's GPU build is importable
+#      ($GPU_BENCH_PEER_PYTHON, else $PY); 150 s more (730 s in all: run it in a call of
+#      its own with GPU_BENCH_ONLY=peer when the call's limit is 600 s).
 # Python packages the machine lacks can travel as wheels in $GPU_BENCH_WHEELS (installed
 # with --no-deps into /tmp/site; nothing is downloaded). Without CUDA (and without
 # GPU_BENCH_DEVICE=cpu) it says so, writes env.json with "cuda": false and exits 3.
@@ -104,6 +108,9 @@ step() {  # step <seconds> <name> <command...>: run with a limit, log its status
   echo "== $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)"
 }
 
+BF16="$([ $DEV = cuda ] && echo bfloat16 || echo float32)"
+if [ "${GPU_BENCH_ONLY:-}" = peer ]; then SKIP=1; else SKIP=0; fi
+if [ $SKIP = 0 ]; then
 step 75 attention "$PY" -m app.cli bench attention --models "$ATTN_MODELS" --device "$DEV" \
   --dtypes "$DTYPES" --out "$OUT/attention_check.json"
 step 45 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --device "$DEV" \
@@ -112,7 +119,6 @@ step 45 "engine bf16" "$PY" -m app.cli bench engine --model tiny-qwen2_5_vl --de
 LAD_DEVICE=$DEV step 90 service "$PY" -m app.cli bench service --requests "$SVC_REQ" \
   --concurrency 1,16 --threads 4 --detail-requests 16 --large-requests "$LARGE" \
   --out "$OUT/service_demo.json"
-BF16="$([ $DEV = cuda ] && echo bfloat16 || echo float32)"
 for size in 3b 7b; do  # word splitting of SHAPE_ARGS is meant
   # shellcheck disable=SC2086
   step 80 "shape $size" "$PY" -m app.cli bench engine --model "shape:qwen2_5_vl-$size" \
@@ -127,4 +133,17 @@ step 90 cache "$PY" -m app.cli bench cache --model shape:qwen2_5_vl-3b --device 
 # shellcheck disable=SC2086
 step 60 curves "$PY" -m app.cli bench curves --device "$DEV" $CURVE_ARGS \
   --out "$OUT/curves_tiny_qwen2_5_vl.json" --plot "$OUT/cost_tiny_qwen2_5_vl.png"
+fi
+
+PEER_PY="${GPU_BENCH_PEER_PYTHON:-$PY}"
+if "$PEER_PY" -c "import vllm" >/dev/null 2>&1; then
+  PEER_ARGS="--concurrency 1,4,16 --rounds 4 --requests 32"
+  [ $DEV = cpu ] && PEER_ARGS="--concurrency 1,4 --rounds 1 --requests 4"
+  # shellcheck disable=SC2086
+  LAD_DEVICE=$DEV step 150 peer "$PY" -m app.cli bench peer --model shape:qwen2_5_vl-3b \
+    --width 512 --dtype "$BF16" --peer-python "$PEER_PY" ${GPU_BENCH_PEER_SHIM:+--peer-shim "$GPU_BENCH_PEER_SHIM"} \
+    $PEER_ARGS --out "$OUT/peer_shape_qwen2_5_vl-3b_w512.json"
+else
+  echo "== peer: skipped (vLLM is not importable by $PEER_PY)"
+fi
 ls -la "$OUT"

@@ -23,6 +23,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from app.engine import hardware
 from app.engine.identity import served_name
 from app.engine.runner import Runner
 from app.models import hub_access
@@ -48,15 +49,40 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
+def checkpoint_dtype(config: Any) -> torch.dtype | None:
+    """The dtype a checkpoint was saved in (its config's ``dtype`` / ``torch_dtype``, the
+    text model's for a composite config), None where it says none."""
+    for holder in (config, getattr(config, "text_config", None)):
+        for attr in ("dtype", "torch_dtype"):
+            value = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(value, torch.dtype):
+                return value
+            if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
+                return _DTYPES[value.removeprefix("torch.")]
+    return None
+
+
 def resolve_dtype(
-    dtype: str | torch.dtype = "auto", device: torch.device | None = None
+    dtype: str | torch.dtype = "auto",
+    device: torch.device | None = None,
+    saved: torch.dtype | None = None,
+    *,
+    fast_bf16_cpu: bool | None = None,
 ) -> torch.dtype:
-    """``"auto"`` -> bfloat16 on cuda, float32 on cpu."""
+    """``"auto"``: the checkpoint's own dtype (``saved``) where the device runs it fast,
+    float32 elsewhere. CUDA runs every half type fast (no saved dtype: bfloat16); a CPU
+    only runs bfloat16 fast with AVX-512 BF16 or AMX (``fast_bf16_cpu``; None: read from
+    /proc/cpuinfo), where it is 2.8x float32 (issue 42); float16 on a CPU is emulated."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        on_cuda = device is not None and device.type == "cuda"
-        return torch.bfloat16 if on_cuda else torch.float32
+        if device is not None and device.type == "cuda":
+            return saved or torch.bfloat16
+        if saved == torch.bfloat16:
+            fast = hardware.cpu_runs_bf16_fast() if fast_bf16_cpu is None else fast_bf16_cpu
+            if fast and (device is None or device.type == "cpu"):
+                return torch.bfloat16
+        return torch.float32
     try:
         return _DTYPES[dtype.removeprefix("torch.")]
     except KeyError:
@@ -159,6 +185,12 @@ def load_runner(
     """
     if threads is not None:
         torch.set_num_threads(int(threads))
+    log.info(
+        "torch intra-op threads: %d of %d usable CPUs (OMP_WAIT_POLICY=%s)",
+        torch.get_num_threads(),
+        hardware.usable_cpus(),
+        os.environ.get("OMP_WAIT_POLICY", "unset"),
+    )
     quiet_progress_bars()
     hub_access.log_once()
     started = time.perf_counter()
@@ -166,15 +198,8 @@ def load_runner(
     if model == "demo" and not (DEMO_MODEL_DIR / "config.json").is_file():
         raise ModelLoadError(f"the demo model is missing at {DEMO_MODEL_DIR}; run `lad demo train`")
     target = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, target)
     where = f"device_map={device_map!r}" if device_map else str(target)
-    log.info(
-        "loading model %s (revision %s) on %s as %s",
-        model,
-        revision or "default",
-        where,
-        str(torch_dtype).removeprefix("torch."),
-    )
+    log.info("loading model %s (revision %s) on %s", model, revision or "default", where)
     if trust_remote_code:
         log.warning(
             "LAD_TRUST_REMOTE_CODE is on: model %s (revision %s) may run the Python code it ships",
@@ -191,7 +216,14 @@ def load_runner(
         adapter_cls = adapter_for(config)  # fails early, listing supported types
     except UnsupportedModelError as exc:
         raise ModelLoadError(f"cannot serve model {model!r}: {exc}") from None
-    log.info("model type %s (%s); loading weights", config.model_type, adapter_cls.__name__)
+    torch_dtype = resolve_dtype(dtype, target, checkpoint_dtype(config))
+    log.info(
+        "model type %s (%s, saved as %s); loading weights as %s",
+        config.model_type,
+        adapter_cls.__name__,
+        str(checkpoint_dtype(config)).removeprefix("torch."),
+        str(torch_dtype).removeprefix("torch."),
+    )
     loaded = _load_weights(config, model, source, revision, torch_dtype, device_map, remote)
     if device_map is None:
         loaded = loaded.to(target)

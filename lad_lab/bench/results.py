@@ -36,3 +36,15 @@ def device_name(device: str) -> str:
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return torch.cuda.get_device_name(0)
     return f"cpu ({platform.machine()})"
+
+
+def conditions(load_start: float) -> dict[str, Any]:
+    """What a service record states about where it ran: CPUs, device, the load average from
+    ``load_start`` (taken when the bench began) to now."""
+    device = os.environ.get("LAD_DEVICE", "auto")
+    return {
+        "cpu_count": os.cpu_count(),
+        "device": device,
+        "device_name": device_name(device),
+        "load_avg_1min": {"start": load_start, "end": os.getloadavg()[0]},
+    }

@@ -33,7 +33,7 @@ import httpx
 
 from app.cli_help import command_parser
 from lad_lab.bench.live import Served
-from lad_lab.bench.results import device_name, write_record
+from lad_lab.bench.results import conditions, write_record
 from lad_lab.bench.service_details import Detail, measure_details, render_details
 from lad_lab.bench.service_levels import measure_levels, render_table, run_chunk, summarize
 from lad_lab.demo.world import make_items
@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             "n_images": args.n,
             "image": "224x224 JPEG",
             "server_torch_threads": args.threads,
-            "cpu_count": os.cpu_count(),
-            "device": os.environ.get("LAD_DEVICE", "auto"),
-            "device_name": device_name(os.environ.get("LAD_DEVICE", "auto")),
-            "load_avg_1min": {"start": load_start, "end": os.getloadavg()[0]},
+            **conditions(load_start),
             "rows": [asdict(r) for r in rows],
             "details": [asdict(d) for d in details],
             "summary": summary,

@@ -153,7 +153,7 @@ LAB_COMMANDS = sorted(c for c, (module, _) in COMMANDS.items() if module.startsw
 
 
 def test_every_command_but_serve_is_the_labs() -> None:
-    assert len(COMMANDS) == 17
+    assert len(COMMANDS) == 19
     assert [c for c in COMMANDS if c not in LAB_COMMANDS] == ["serve"]
 
 

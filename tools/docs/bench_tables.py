@@ -217,6 +217,9 @@ def blocks(results: Path = RESULTS) -> dict[str, str | None]:
         "cache": lambda: _own_tables(results, "cache_*.json"),
         "host-memory": lambda: _own_tables(results, "host_memory_*.json"),
         "curves": lambda: _curves(results),
+        "peer": lambda: _own_tables(results, "peer_*.json"),
+        "threads": lambda: _own_tables(results, "threads_*.json"),
+        "dtype": lambda: _own_tables(results, "dtype_*.json"),
     }
     return {name: render() for name, render in renderers.items()}
 

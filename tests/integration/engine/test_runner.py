@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from app.engine.interface import ForwardResult, RetrievalItem
 from app.engine.label_scoring import LabelTrie, chain_path
 from app.engine.labels import prompt_hash, resolve_labels
 from app.engine.runner import Runner
-from app.models.loader import load_runner, make_runner, resolve_dtype
+from app.models.loader import checkpoint_dtype, load_runner, make_runner, resolve_dtype
 from app.models.registry import UnsupportedModelError, adapter_for, supported_model_types
 from lad_lab.testing.tiny_models import (
     FAMILIES,
@@ -262,7 +263,18 @@ def test_registry_and_dtype_errors() -> None:
     with pytest.raises(UnsupportedModelError, match="qwen2_5_vl"):
         adapter_for(BertConfig())
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), torch.float16) == torch.float16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    # a bfloat16 checkpoint runs in bfloat16 only on a CPU that multiplies it natively
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    assert resolve_dtype("auto", cpu, bf16, fast_bf16_cpu=True) == bf16
+    assert resolve_dtype("auto", cpu, bf16, fast_bf16_cpu=False) == torch.float32
+    assert resolve_dtype("auto", cpu, torch.float16, fast_bf16_cpu=True) == torch.float32
+    assert resolve_dtype("float32", cpu, bf16, fast_bf16_cpu=True) == torch.float32
+    # the saved dtype: the config's own, else its text model's (composite configs)
+    assert checkpoint_dtype(SimpleNamespace(dtype="bfloat16")) == bf16
+    assert checkpoint_dtype(SimpleNamespace(text_config=SimpleNamespace(torch_dtype=bf16))) == bf16
+    assert checkpoint_dtype(SimpleNamespace()) is None
     with pytest.raises(ValueError):
         resolve_dtype("int3")
     with pytest.raises(ValueError):
