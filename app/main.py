@@ -26,6 +26,7 @@ from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.observability.metrics import Metrics
+from app.api.lifetime import RequestLifetimeMiddleware
 from app.observability.request_metrics import RequestMetricsMiddleware
 from app.service import Service
 from app.service.profile_service import legacy_profiles_note
@@ -126,8 +127,9 @@ def create_app(
     app.state.service = None
     install_error_handlers(app)
     # outermost last: request id (and the last-resort 500) > metrics > in-flight limit >
-    # body guard > routes
+    # lifetime (disconnects, deadlines) > body guard > routes
     app.add_middleware(BodyGuardMiddleware, settings=settings)
+    app.add_middleware(RequestLifetimeMiddleware, metrics=metrics)
     app.add_middleware(InFlightLimitMiddleware, settings=settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)

@@ -282,6 +282,15 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(
         30.0, gt=0, description="most seconds to receive a request body (then 408)"
     )
+    min_transfer_bytes_per_s: int = Field(
+        256 * 1024,
+        ge=0,
+        description="slowest average rate of a request body, and of an answer the client "
+        "reads, after LAD_TRANSFER_GRACE_S (then 408, or the connection closed; 0: no minimum)",
+    )
+    transfer_grace_s: float = Field(
+        3.0, gt=0, description="seconds a body or an answer may take before its minimum rate applies"
+    )
     header_timeout_s: float = Field(
         10.0, gt=0, description="most seconds to receive a request's headers (then close)"
     )

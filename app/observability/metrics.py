@@ -42,6 +42,7 @@ from prometheus_client import (
 
 from app import errors
 from app.method.methods import NEEDS_CALIBRATION
+from app.observability.stage import REQUEST_STAGES
 from app.observability.collectors import (
     EncoderCacheCollector,
     GpuMemoryCollector,
@@ -254,6 +255,20 @@ class Metrics:
         self.inflight_bytes_capacity = Gauge(
             "lad_inflight_bytes_capacity",
             "The replica's in-flight byte budget (LAD_MAX_INFLIGHT_BYTES)",
+            registry=r,
+        )
+        self.requests_abandoned = Counter(
+            "lad_requests_abandoned",
+            "Requests whose client went away before its answer, by the stage they were in "
+            "(their queued forward passes are dropped)",
+            ["stage"],
+            registry=r,
+        )
+        for stage in REQUEST_STAGES:
+            self.requests_abandoned.labels(stage=stage)
+        self.requests_deadline_exceeded = Counter(
+            "lad_requests_deadline_exceeded",
+            "Requests answered 504 `deadline_exceeded`: their X-Request-Timeout passed first",
             registry=r,
         )
         self.store_errors = Counter(

@@ -21,6 +21,7 @@ from app.engine.host_memory import release_free_memory
 from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.observability.metrics import Metrics
+from app.observability.stage import stage
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
 
@@ -135,7 +136,8 @@ class ModelWorker:
         """
         try:
             if not bulk:
-                return await _gather(self.batcher.submit_many(works))
+                with stage("queue"):  # a client that leaves now takes its passes off the queue
+                    return await _gather(self.batcher.submit_many(works))
             out: list[WorkResult] = []
             wave = self.bulk_wave
             for start in range(0, len(works), wave):
