@@ -124,9 +124,7 @@ class ByteBudget:
                 return self._take(n)
         return 0
 
-    async def areserve(
-        self, n: int, what: str, *, kind: Kind, wait_s: float | None = None
-    ) -> int:
+    async def areserve(self, n: int, what: str, *, kind: Kind, wait_s: float | None = None) -> int:
         """``reserve`` for the event loop: waits without holding a thread."""
         if n <= 0:
             return 0

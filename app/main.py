@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api.docs import install_docs
+from app.api.lifetime import RequestLifetimeMiddleware
 from app.api.main import api_router
 from app.api.middleware import (
     BodyGuardMiddleware,
@@ -26,7 +27,6 @@ from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
 from app.errors import install_error_handlers
 from app.observability.metrics import Metrics
-from app.api.lifetime import RequestLifetimeMiddleware
 from app.observability.request_metrics import RequestMetricsMiddleware
 from app.service import Service
 from app.service.profile_service import legacy_profiles_note

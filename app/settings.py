@@ -289,7 +289,9 @@ class Settings(BaseSettings):
         "reads, after LAD_TRANSFER_GRACE_S (then 408, or the connection closed; 0: no minimum)",
     )
     transfer_grace_s: float = Field(
-        3.0, gt=0, description="seconds a body or an answer may take before its minimum rate applies"
+        3.0,
+        gt=0,
+        description="seconds a body or an answer may take before its minimum rate applies",
     )
     header_timeout_s: float = Field(
         10.0, gt=0, description="most seconds to receive a request's headers (then close)"

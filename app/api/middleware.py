@@ -299,6 +299,10 @@ ANSWER_CHUNK_BYTES = 256 * 1024
 before the next, so the answer stays charged to its request until the client has it."""
 
 
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 class AnswerStalled(ClientDisconnect):
     """The client does not read its answer at the minimum rate: treated as gone (499)."""
 
@@ -338,8 +342,12 @@ class AnswerWriter:
             last = at + ANSWER_CHUNK_BYTES >= len(body)
             piece_message = {"type": "http.response.body", "body": piece}
             piece_message["more_body"] = more if last else True
+            left = pace.timeout(at)  # the average rate, and no piece stalled past the grace
+            stall = (
+                self.settings.transfer_grace_s if self.settings.min_transfer_bytes_per_s else None
+            )
             try:
-                await asyncio.wait_for(self._send(piece_message), pace.timeout(at))
+                await asyncio.wait_for(self._send(piece_message), _sooner(left, stall))
             except TimeoutError:
                 raise AnswerStalled() from None
 

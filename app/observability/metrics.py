@@ -42,7 +42,6 @@ from prometheus_client import (
 
 from app import errors
 from app.method.methods import NEEDS_CALIBRATION
-from app.observability.stage import REQUEST_STAGES
 from app.observability.collectors import (
     EncoderCacheCollector,
     GpuMemoryCollector,
@@ -51,6 +50,7 @@ from app.observability.collectors import (
     package_version,
     register_runtime,
 )
+from app.observability.stage import REQUEST_STAGES
 from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 
 prometheus_client.disable_created_metrics()
