@@ -109,7 +109,9 @@ def five39(server: Server, small: list[str]) -> dict[str, Any]:
     ]
     answers: list[tuple[int, float]] = []
 
-    threads = [threading.Thread(target=lambda b=b: answers.append(timed(server, b))) for b in bodies]
+    threads = [
+        threading.Thread(target=lambda b=b: answers.append(timed(server, b))) for b in bodies
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
