@@ -71,7 +71,7 @@ class RequestLifetimeMiddleware:
             return
         stage = RequestStage("body")
         body_done, gone = asyncio.Event(), asyncio.Event()
-        started = False
+        started = answered = False
 
         async def tracked_receive() -> Message:
             if body_done.is_set():  # after the body the watcher reads the connection
@@ -86,11 +86,13 @@ class RequestLifetimeMiddleware:
             return message
 
         async def tracked_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, answered
             if message["type"] == "http.response.start":
                 started = True
                 stage.value = "answer"
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True  # a disconnect from now on is the connection's normal end
 
         async def watch() -> None:
             await body_done.wait()
@@ -106,33 +108,56 @@ class RequestLifetimeMiddleware:
         watcher = asyncio.create_task(watch())
         gone_wait = asyncio.create_task(gone.wait())
         try:
-            left = None if timeout is None else timeout - (time.monotonic() - arrived)
-            done, _ = await asyncio.wait(
-                {work, gone_wait}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
-            if work not in done and not gone.is_set() and started:
-                # the answer is being written: the deadline no longer applies
-                await asyncio.wait({work, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                if isinstance(work.exception(), ClientDisconnect):  # left during its upload,
-                    self.metrics.requests_abandoned.labels(stage=stage.value).inc()  # or answer
-                work.result()  # its own exception, if any, goes on to the outer layers
-                return
-            abandoned_at = stage.value
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ClientDisconnect):
-                await work
-            if gone.is_set():
-                self.metrics.requests_abandoned.labels(stage=abandoned_at).inc()
-                raise ClientDisconnect()  # nobody to answer: counted 499 by the metrics layer
-            self.metrics.requests_deadline_exceeded.inc()
-            error = errors.DeadlineExceeded(
-                f"X-Request-Timeout={timeout:g} s passed before the answer was ready "
-                f"(it was {abandoned_at}); the work was dropped",
-                headers={} if body_done.is_set() else {"Connection": "close"},
-            )
-            request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
-            await errors.error_response(error, request_id)(scope, receive, send)
+            while not work.done():
+                left = None
+                if timeout is not None and not started:  # once answering, no deadline
+                    left = timeout - (time.monotonic() - arrived)
+                await asyncio.wait(
+                    {work, gone_wait}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if work.done() or answered:
+                    break
+                if gone.is_set() or not started:
+                    await self._drop(work, stage, scope, send, timeout, gone, body_done)
+                    return
+            if not work.done():  # answered: what is left of it (cleanup) runs to its end
+                await asyncio.wait({work})
+            exc = None if work.cancelled() else work.exception()
+            if isinstance(exc, ClientDisconnect):  # it left during its upload or its answer
+                self.metrics.requests_abandoned.labels(stage=stage.value).inc()
+            work.result()  # its own exception, if any, goes on to the outer layers
         finally:
             for task in (watcher, gone_wait, work):
                 task.cancel()
+
+    async def _drop(
+        self,
+        work: asyncio.Task,
+        stage: RequestStage,
+        scope: Scope,
+        send: Send,
+        timeout: float | None,
+        gone: asyncio.Event,
+        body_done: asyncio.Event,
+    ) -> None:
+        """Cancel the request's work (its queued passes leave the queue, its budget account
+        closes); nobody to answer when the client left, else 504 ``deadline_exceeded``."""
+        where = stage.value
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ClientDisconnect):
+            await work
+        if gone.is_set():
+            self.metrics.requests_abandoned.labels(stage=where).inc()
+            raise ClientDisconnect()  # nobody to answer: counted 499 by the metrics layer
+        self.metrics.requests_deadline_exceeded.inc()
+        error = errors.DeadlineExceeded(
+            f"X-Request-Timeout={timeout:g} s passed before the answer was ready "
+            f"(it was at its {where} stage); the work was dropped",
+            headers={} if body_done.is_set() else {"Connection": "close"},
+        )
+        request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await errors.error_response(error, request_id)(scope, nothing, send)

@@ -235,6 +235,9 @@ def test_a_storm_of_abandoned_perm_avg_requests_costs_no_forward_and_real_ones_p
         text = http.get("/metrics").text
     assert gated.items_run == 3 + 3  # the batch that was running, and the real requests
     assert metric_value(text, "lad_requests_abandoned_total", stage="queue") == 5
+    for stage in ("body", "work", "answer"):  # the answered ones are not counted as left
+        assert metric_value(text, "lad_requests_abandoned_total", stage=stage) == 0, stage
+    assert metric_value(text, "lad_requests_total", route="/v1/retrieve", status="200") == 3
     assert batcher.dropped == 12
 
 
