@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import errors
 from app.observability.metrics import Metrics
 from app.observability.stage import STAGE, RequestStage
+from lad_client.routes import find
 
 DEADLINE_HEADER = "x-request-timeout"
 MAX_DEADLINE_S = 86_400.0
@@ -34,10 +35,12 @@ UNWATCHED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def deadline_s(scope: Scope) -> float | None:
-    """The request's ``X-Request-Timeout`` in seconds (None: none sent); 422 when it is not
-    a finite number of seconds in (0, MAX_DEADLINE_S]."""
+    """The request's ``X-Request-Timeout`` in seconds (None: none sent, or a route that
+    does not take one: the route table lists ``deadline_exceeded`` for those that do);
+    422 when it is not a finite number of seconds in (0, MAX_DEADLINE_S]."""
     raw = Headers(scope=scope).get(DEADLINE_HEADER)
-    if raw is None:
+    route = find(scope.get("method", ""), scope.get("path", ""))
+    if raw is None or route is None or "deadline_exceeded" not in route.errors:
         return None
     try:
         value = float(raw.strip())
