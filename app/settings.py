@@ -176,8 +176,9 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,
-        description="bytes all requests in flight may hold together: bodies (3 x their size) "
-        "and decoded pixels; past it a request waits, then 429 `overloaded`",
+        description="bytes all requests in flight may hold together: bodies (3 x their size), "
+        "decoded pixels and answers until written; past it a request waits, then 429 "
+        "`overloaded`",
     )
     max_concurrent_decodes: int = Field(
         2, ge=1, description="requests decoding images at once (bounds decode memory)"

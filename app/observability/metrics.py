@@ -249,7 +249,8 @@ class Metrics:
             self.queue_capacity.set(max_queue)
         self.inflight_bytes = Gauge(
             "lad_inflight_bytes",
-            "Bytes the requests in flight hold by the in-flight budget (bodies, decoded pixels)",
+            "Bytes the requests in flight hold by the in-flight budget (bodies, decoded pixels, "
+            "answers being written); never above lad_inflight_bytes_capacity",
             registry=r,
         )
         self.inflight_bytes_capacity = Gauge(
