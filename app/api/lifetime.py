@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import time
 
@@ -27,6 +28,23 @@ from app import errors
 from app.observability.metrics import Metrics
 from app.observability.stage import STAGE, RequestStage
 from lad_client.routes import find
+
+COLLECT_EVERY_S = 2.0
+"""At most one cyclic collection per this many seconds after dropped requests."""
+_last_collect = float("-inf")
+
+
+def collect_dropped() -> None:
+    """Free what a dropped request left in reference cycles, now, not at the cyclic GC's
+    next full pass: its exception's traceback holds the frames that hold its body and its
+    answer (six dropped 48 MB rerank echoes kept +555 MiB, in cycles, until then; one
+    ``gc.collect`` gave them back). Rate-limited: a client cannot make it run often."""
+    global _last_collect
+    now = time.monotonic()
+    if now - _last_collect >= COLLECT_EVERY_S:
+        _last_collect = now
+        gc.collect()
+
 
 DEADLINE_HEADER = "x-request-timeout"
 MAX_DEADLINE_S = 86_400.0
@@ -128,10 +146,15 @@ class RequestLifetimeMiddleware:
             exc = None if work.cancelled() else work.exception()
             if isinstance(exc, ClientDisconnect):  # it left during its upload or its answer
                 self.metrics.requests_abandoned.labels(stage=stage.value).inc()
+                asyncio.get_running_loop().call_soon(collect_dropped)
             work.result()  # its own exception, if any, goes on to the outer layers
         finally:
             for task in (watcher, gone_wait, work):
                 task.cancel()
+            # a traceback through this frame keeps its locals: the task would keep its
+            # exception and the exception this frame (a cycle only the cyclic GC frees,
+            # holding the request's body and answer: +555 MiB after six dropped answers)
+            work = watcher = gone_wait = exc = None  # type: ignore[assignment]
 
     async def _drop(
         self,
@@ -149,6 +172,8 @@ class RequestLifetimeMiddleware:
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError, ClientDisconnect):
             await work
+        del work  # the cancelled task (and its CancelledError's frames) must not outlive this
+        asyncio.get_running_loop().call_soon(collect_dropped)
         if gone.is_set():
             self.metrics.requests_abandoned.labels(stage=where).inc()
             raise ClientDisconnect()  # nobody to answer: counted 499 by the metrics layer

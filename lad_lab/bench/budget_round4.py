@@ -2,7 +2,7 @@
 subprocess (demo model, default settings) served from any checkout, so that a branch and
 main are measured the same way on the same machine.
 
-    python -m lad_lab.bench.budget_round4 <checkout> five39|storm|trickle
+    python -m lad_lab.bench.budget_round4 <checkout> five39|storm|trickle|unread
 
 prints one JSON line: the answers and their seconds, the ``lad_inflight_bytes`` peak
 (polled every 20 ms) and the server's peak RSS above idle (``VmHWM``).
@@ -60,7 +60,8 @@ class Server:
         probe.bind(("127.0.0.1", 0))
         self.port = probe.getsockname()[1]
         probe.close()
-        env = {**os.environ, "PYTHONPATH": root, "LAD_STORE_URL": "memory://"}
+        path = os.pathsep.join([root, os.path.join(root, "clients", "python")])
+        env = {**os.environ, "PYTHONPATH": path, "LAD_STORE_URL": "memory://"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
             cwd=root,
@@ -181,7 +182,57 @@ def trickle(server: Server, small: list[str]) -> dict[str, Any]:
     return out
 
 
-CASES = {"five39": five39, "storm": storm, "trickle": trickle}
+def unread(server: Server, small: list[str]) -> dict[str, Any]:
+    """Six clients each send a 45 MB /v1/rerank with return_documents and never read the
+    answer: what the server holds 15 s later, when the gauge is back at 0, and 3 s after."""
+    documents = [noise(1000, i) for i in range(12)]  # ~3.8 MB each, 45 MB of JSON
+    body = json.dumps(
+        {"query": "q", "documents": documents, "return_documents": True, "method": "vanilla"}
+    ).encode()
+    socks = []
+    for _ in range(6):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        head = (
+            "POST /v1/rerank HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        threading.Thread(target=sock.sendall, args=(head.encode() + body,), daemon=True).start()
+        socks.append(sock)
+    time.sleep(15)
+    text = httpx.get(server.url + "/metrics").text
+    out: dict[str, Any] = {
+        "body_mb": round(len(body) / 1e6, 1),
+        "after_15s_gauge_mib": round((metric("lad_inflight_bytes", text) or 0) / MiB, 1),
+        "after_15s_rss_mib": round(server.rss_mib(), 1),
+    }
+    start = time.monotonic()
+    while time.monotonic() - start < 90:  # every request answered or dropped: nothing held
+        text = httpx.get(server.url + "/metrics").text
+        if not metric("lad_inflight_bytes", text):
+            break
+        time.sleep(0.5)
+    out["gauge_zero_after_s"] = round(15 + time.monotonic() - start, 1)
+    time.sleep(3)
+    out["then_rss_mib"] = round(server.rss_mib(), 1)
+    for _ in range(5):  # ordinary traffic: a forward, then the worker's idle release
+        httpx.post(
+            server.url + "/v1/retrieve",
+            json={"query": "q", "images": small, "method": "vanilla"},
+            timeout=30,
+        )
+    time.sleep(3)
+    out["after_5_small_rss_mib"] = round(server.rss_mib(), 1)
+    out["abandoned"] = re.findall(r"^lad_requests_abandoned_total\{.*", text, re.M)
+    for sock in socks:
+        sock.close()
+    time.sleep(3)
+    out["clients_closed_rss_mib"] = round(server.rss_mib(), 1)
+    return out
+
+
+CASES = {"five39": five39, "storm": storm, "trickle": trickle, "unread": unread}
 
 
 def main(argv: list[str] | None = None) -> int:
