@@ -141,7 +141,10 @@ class PayloadTooLarge(ServiceError):
 
 class RequestTimeout(ServiceError):
     code, status = "request_timeout", 408
-    meaning = "the request body did not arrive within LAD_READ_TIMEOUT_S"
+    meaning = (
+        "the request body did not arrive within LAD_READ_TIMEOUT_S, or arrived slower than "
+        "LAD_MIN_TRANSFER_BYTES_PER_S after LAD_TRANSFER_GRACE_S"
+    )
 
 
 class TooManyImages(ServiceError):
@@ -269,6 +272,14 @@ class Overloaded(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class DeadlineExceeded(ServiceError):
+    code, status = "deadline_exceeded", 504
+    meaning = (
+        "the request's X-Request-Timeout passed before its answer was ready; its work was "
+        "dropped, not computed (a client's own bound: not in the 5xx alert)"
+    )
+
+
 class NotReady(ServiceError):
     code, status = "not_ready", 503
     meaning = "the model is not loaded yet or the service is shutting down"
@@ -325,6 +336,7 @@ ERRORS: tuple[type[ServiceError], ...] = (
     ProfileGone,
     RefreshUnavailable,
     Overloaded,
+    DeadlineExceeded,
     NotReady,
     StoreUnavailable,
     StoreCorrupt,

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api.docs import install_docs
+from app.api.lifetime import RequestLifetimeMiddleware
 from app.api.main import api_router
 from app.api.middleware import (
     BodyGuardMiddleware,
@@ -131,8 +132,9 @@ def create_app(
     app.state.service = None
     install_error_handlers(app)
     # outermost last: request id (and the last-resort 500) > metrics > in-flight limit >
-    # body guard > routes
+    # lifetime (disconnects, deadlines) > body guard > routes
     app.add_middleware(BodyGuardMiddleware, settings=settings)
+    app.add_middleware(RequestLifetimeMiddleware, metrics=metrics)
     app.add_middleware(InFlightLimitMiddleware, settings=settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)

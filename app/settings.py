@@ -206,8 +206,9 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,
-        description="bytes all requests in flight may hold together: bodies (3 x their size) "
-        "and decoded pixels; past it a request waits, then 429 `overloaded`",
+        description="bytes all requests in flight may hold together: bodies (3 x their size), "
+        "decoded pixels and answers until written; past it a request waits, then 429 "
+        "`overloaded`",
     )
     max_concurrent_decodes: int = Field(
         2, ge=1, description="requests decoding images at once (bounds decode memory)"
@@ -333,6 +334,17 @@ class Settings(BaseSettings):
     )
     read_timeout_s: float = Field(
         30.0, gt=0, description="most seconds to receive a request body (then 408)"
+    )
+    min_transfer_bytes_per_s: int = Field(
+        256 * 1024,
+        ge=0,
+        description="slowest average rate of a request body, and of an answer the client "
+        "reads, after LAD_TRANSFER_GRACE_S (then 408, or the connection closed; 0: no minimum)",
+    )
+    transfer_grace_s: float = Field(
+        3.0,
+        gt=0,
+        description="seconds a body or an answer may take before its minimum rate applies",
     )
     header_timeout_s: float = Field(
         10.0, gt=0, description="most seconds to receive a request's headers (then close)"

@@ -21,6 +21,7 @@ and the last-resort answer for an unexpected error.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 import uuid
@@ -31,7 +32,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
-from app.budget import BODY_COPIES, OWN_BYTES, ByteBudget
+from app.budget import ACCOUNT, BODY_COPIES, Account, ByteBudget
 from app.settings import Settings
 from lad_client.routes import PATTERNS, SMALL_BODY_BYTES
 
@@ -148,14 +149,11 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyTimeout(HTTPException):
-    """Raised from ``receive`` when the body misses its deadline (answered 408, then closed)."""
+    """Raised from ``receive`` when the body misses its deadline or its minimum rate
+    (answered 408, then closed)."""
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            408,
-            f"the request body did not arrive within {seconds:g} s (LAD_READ_TIMEOUT_S)",
-            {"Connection": "close"},
-        )
+    def __init__(self, why: str) -> None:
+        super().__init__(408, f"the request body {why}", {"Connection": "close"})
 
 
 BodyLimits = tuple[tuple[str, re.Pattern[str], int, str], ...]
@@ -192,7 +190,9 @@ def body_limit(
 
 
 class BodyGuardMiddleware:
-    """Per-route body limit counted as bytes arrive, and a deadline for the whole body."""
+    """Per-route body limit counted as bytes arrive, a deadline and a minimum rate for the
+    whole body, and the request's budget account: the body charged before it is read
+    (declared) or as it arrives (chunked), the answer until it is written."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -215,49 +215,141 @@ class BodyGuardMiddleware:
             )
             return
         budget = _budget(scope)
+        account = Account(budget) if budget is not None else None
         declared = int(length) if length is not None and length.isdigit() else None
-        held = 0
-        if budget is not None and declared is not None and declared > SMALL_BODY_BYTES:
+        if account is not None and declared is not None and declared > SMALL_BODY_BYTES:
             try:  # before the body is read: a waiting body stays in the socket
-                held = await budget.areserve(declared * BODY_COPIES, "the request body")
-            except errors.Overloaded as refused:
+                await account.admit(declared * BODY_COPIES, "the request body")
+            except errors.ServiceError as refused:
                 request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
                 await errors.error_response(refused, request_id)(scope, receive, send)
                 return
-        timeout = self.settings.read_timeout_s
-        deadline = time.monotonic() + timeout
+        pace = Pace(self.settings)
         received = 0
         finished = False
 
         async def guarded_receive() -> Message:
-            nonlocal received, finished, held
+            nonlocal received, finished
             if finished:  # after the body: waiting for a disconnect is not bounded
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                message = await asyncio.wait_for(receive(), pace.left(received))
             except TimeoutError:
-                raise BodyTimeout(timeout) from None
+                raise BodyTimeout(pace.why(received)) from None
             if message["type"] == "http.request":
                 chunk = len(message.get("body", b""))
                 received += chunk
                 if received > limit:
                     raise BodyTooLarge(limit, setting)
                 finished = not message.get("more_body", False)
-                if budget is not None and declared is None and received > SMALL_BODY_BYTES:
-                    held += await budget.areserve(chunk * BODY_COPIES, "the request body")
-                    OWN_BYTES.set(held)
+                if account is not None and declared is None and received > SMALL_BODY_BYTES:
+                    await account.admit(chunk * BODY_COPIES, "the request body")
             else:  # the client left before the end of its body
                 finished = True
                 raise ClientDisconnect()
             return message
 
-        own = OWN_BYTES.set(held)  # the request's pixels may run beside its own body
+        answer = AnswerWriter(send, account, self.settings)
+        token = ACCOUNT.set(account)
         try:
-            await self.app(scope, guarded_receive, send)
+            await self.app(scope, guarded_receive, answer.send)
         finally:
-            OWN_BYTES.reset(own)
-            if budget is not None:
-                budget.release(held)
+            ACCOUNT.reset(token)
+            if account is not None:
+                account.close()
+
+
+class Pace:
+    """A transfer's deadlines: all of it within LAD_READ_TIMEOUT_S, and after
+    LAD_TRANSFER_GRACE_S at least LAD_MIN_TRANSFER_BYTES_PER_S on average (0: no minimum),
+    so that a client declaring a large body and trickling it cannot hold its reservation
+    for the whole read timeout (issue 41: 192 MiB held 29 s by 64 KiB/s)."""
+
+    def __init__(self, settings: Settings, total_s: float | None = None) -> None:
+        self.start = time.monotonic()
+        self.total_s = settings.read_timeout_s if total_s is None else total_s
+        self.rate = settings.min_transfer_bytes_per_s
+        self.grace_s = settings.transfer_grace_s
+
+    def left(self, done: int) -> float:
+        """Seconds until the next byte is due, ``done`` bytes being through."""
+        due = self.start + self.total_s
+        if self.rate > 0:
+            due = min(due, self.start + self.grace_s + done / self.rate)
+        return max(0.0, due - time.monotonic())
+
+    def timeout(self, done: int) -> float | None:
+        """``left`` for ``asyncio.wait_for`` (None: no deadline at all)."""
+        left = self.left(done)
+        return None if math.isinf(left) else max(left, 0.001)
+
+    def why(self, done: int) -> str:
+        elapsed = time.monotonic() - self.start
+        if elapsed >= self.total_s:
+            return f"did not arrive within {self.total_s:g} s (LAD_READ_TIMEOUT_S)"
+        return (
+            f"arrived at {done / max(elapsed, 1e-9):.0f} bytes/s, below "
+            f"LAD_MIN_TRANSFER_BYTES_PER_S={self.rate} after LAD_TRANSFER_GRACE_S="
+            f"{self.grace_s:g}"
+        )
+
+
+ANSWER_CHUNK_BYTES = 256 * 1024
+"""A large answer is written in pieces of this size: the server waits for each to drain
+before the next, so the answer stays charged to its request until the client has it."""
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class AnswerStalled(ClientDisconnect):
+    """The client does not read its answer at the minimum rate: treated as gone (499)."""
+
+
+class AnswerWriter:
+    """``send`` for one request: an answer larger than what the request holds is charged
+    (before it starts, so a refusal can still be answered), and a large answer is written
+    in pieces, each within the transfer's pace; the request's account is closed only after
+    the last piece, so an answer the client does not read stays counted (issue 41: six
+    unread 45 MB rerank echoes held +243 MiB with the gauge at 0)."""
+
+    def __init__(self, send: Send, account: Account | None, settings: Settings) -> None:
+        self._send = send
+        self.account = account
+        self.settings = settings
+
+    async def send(self, message: Message) -> None:
+        if self.account is None:
+            await self._send(message)
+            return
+        if message["type"] == "http.response.start":
+            size = Headers(raw=message.get("headers", [])).get("content-length", "")
+            extra = int(size) - self.account.held if size.isdigit() else 0
+            if int(size or 0) > SMALL_BODY_BYTES and extra > 0:
+                await self.account.agrow(extra, "the answer")
+            await self._send(message)
+            return
+        body = message.get("body", b"")
+        if message["type"] != "http.response.body" or len(body) <= ANSWER_CHUNK_BYTES:
+            await self._send(message)
+            return
+        pace = Pace(self.settings, total_s=float("inf"))
+        more = message.get("more_body", False)
+        view = memoryview(body)
+        for at in range(0, len(body), ANSWER_CHUNK_BYTES):
+            piece = bytes(view[at : at + ANSWER_CHUNK_BYTES])
+            last = at + ANSWER_CHUNK_BYTES >= len(body)
+            piece_message = {"type": "http.response.body", "body": piece}
+            piece_message["more_body"] = more if last else True
+            left = pace.timeout(at)  # the average rate, and no piece stalled past the grace
+            stall = (
+                self.settings.transfer_grace_s if self.settings.min_transfer_bytes_per_s else None
+            )
+            try:
+                await asyncio.wait_for(self._send(piece_message), _sooner(left, stall))
+            except TimeoutError:
+                raise AnswerStalled() from None
 
 
 def _budget(scope: Scope) -> ByteBudget | None:

@@ -56,7 +56,7 @@ class BatcherStopped(Exception):
     """The batcher is not running (not started yet, or stopped with the item still queued)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending(Generic[T]):
     item: T
     future: asyncio.Future
@@ -107,6 +107,7 @@ class Batcher(Generic[T, R]):
         self._thread: threading.Thread | None = None
         self._mean_batch_s = 0.0  # EWMA of handler time, for Retry-After
         self.batches_run = 0
+        self.dropped = 0  # cancelled items taken off the queue before any forward
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -168,7 +169,24 @@ class Batcher(Generic[T, R]):
                 q._put(p)
                 q.unfinished_tasks += 1
             q.not_empty.notify(len(pending))
+        for p in pending:
+            p.future.add_done_callback(lambda future, p=p: self._drop(p, future))
         return [p.future for p in pending]
+
+    def _drop(self, pending: _Pending, future: asyncio.Future) -> None:
+        """A cancelled item leaves the queue at once (its caller went away): it neither
+        waits for the worker to skip it nor holds a place that a live request needs."""
+        if not future.cancelled():
+            return
+        q = self._queue
+        with q.mutex:
+            for i, queued in enumerate(q.queue):
+                if queued is pending:
+                    del q.queue[i]
+                    q.unfinished_tasks -= 1
+                    q.not_full.notify()
+                    self.dropped += 1
+                    return
 
     # ------------------------------------------------------------------ worker
 

@@ -50,6 +50,7 @@ from app.observability.collectors import (
     package_version,
     register_runtime,
 )
+from app.observability.stage import REQUEST_STAGES
 from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 
 prometheus_client.disable_created_metrics()
@@ -264,12 +265,27 @@ class Metrics:
             self.queue_capacity.set(max_queue)
         self.inflight_bytes = Gauge(
             "lad_inflight_bytes",
-            "Bytes the requests in flight hold by the in-flight budget (bodies, decoded pixels)",
+            "Bytes the requests in flight hold by the in-flight budget (bodies, decoded pixels, "
+            "answers being written); never above lad_inflight_bytes_capacity",
             registry=r,
         )
         self.inflight_bytes_capacity = Gauge(
             "lad_inflight_bytes_capacity",
             "The replica's in-flight byte budget (LAD_MAX_INFLIGHT_BYTES)",
+            registry=r,
+        )
+        self.requests_abandoned = Counter(
+            "lad_requests_abandoned",
+            "Requests whose client went away before its answer, by the stage they were in "
+            "(their queued forward passes are dropped)",
+            ["stage"],
+            registry=r,
+        )
+        for stage in REQUEST_STAGES:
+            self.requests_abandoned.labels(stage=stage)
+        self.requests_deadline_exceeded = Counter(
+            "lad_requests_deadline_exceeded",
+            "Requests answered 504 `deadline_exceeded`: their X-Request-Timeout passed first",
             registry=r,
         )
         self.store_errors = Counter(

@@ -22,6 +22,7 @@ from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.observability import tracing
 from app.observability.metrics import Metrics
+from app.observability.stage import stage
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
 
@@ -136,7 +137,8 @@ class ModelWorker:
         """
         try:
             if not bulk:
-                out = await _gather(self.batcher.submit_many(works))
+                with stage("queue"):  # a client that leaves now takes its passes off the queue
+                    out = await _gather(self.batcher.submit_many(works))
             else:
                 out = []
                 wave = self.bulk_wave

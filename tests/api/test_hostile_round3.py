@@ -141,7 +141,7 @@ def test_the_replica_wide_byte_budget_queues_bodies_and_refuses_with_retry_after
     text = client.get("/metrics").text
     assert metric_value(text, "lad_inflight_bytes_capacity") == 4 * 1024 * 1024
     assert metric_value(text, "lad_inflight_bytes") == 0
-    held = budget.reserve(4 * 1024 * 1024 - 1000, "another request")  # the replica is full
+    held = budget.reserve(4 * 1024 * 1024 - 1000, "another request", kind="growth")  # full
     refused = send()
     assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
     assert "LAD_MAX_INFLIGHT_BYTES" in refused.json()["error"]["message"]

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from app import errors
-from app.budget import OWN_BYTES, PIXEL_BYTES, ByteBudget
+from app.budget import ACCOUNT, PIXEL_BYTES, Account, ByteBudget
 from app.engine.host_memory import release_free_memory
 from app.engine.labels import Labels, LabelSpec, parse_labels
 from app.service.decode.headers import check_header, sniff_format
@@ -221,7 +221,10 @@ class Decoder:
         self.formats = tuple(settings.image_formats)
         tokens = sorted({t for t in special_tokens if t}, key=len, reverse=True)
         self._special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
-        self.budget = ByteBudget(settings.max_inflight_bytes)  # shared with the body guard
+        # shared with the body guard; one image decoded at its largest always fits
+        self.budget = ByteBudget(
+            settings.max_inflight_bytes, headroom=PIXEL_BYTES * settings.max_image_pixels
+        )
         self._slots: asyncio.Semaphore | None = None
         self._threads: ThreadPoolExecutor | None = None
 
@@ -231,8 +234,7 @@ class Decoder:
         """Hold one of LAD_MAX_CONCURRENT_DECODES decode slots (waiting costs no thread)."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_concurrent_decodes)
-        with self.budget.waiting(OWN_BYTES.get()):  # its body waits; others may run alone
-            await self._slots.acquire()
+        await self._slots.acquire()
         try:
             yield
         finally:
@@ -288,14 +290,20 @@ class Decoder:
             )
         probes: list[_Probe] = []
         held = 0
+        account = ACCOUNT.get() or Account(self.budget)  # the request's, or its own
         try:
             for e in encoded:
                 probes.append(self._probe(e.raw, e.where, e.size))
-            # the pixels decoded at once: all of them on the threads, else the largest
+            # the pixels decoded at once: all of them on the threads when they fit now,
+            # else one image at a time (the largest one always fits: the budget's headroom)
             threaded = len(probes) > 1 and self.settings.decode_threads > 1
             threaded = threaded and total > THREADED_PIXELS
-            at_once = total if threaded else max((p.decoded_pixels for p in probes), default=0)
-            held = self.budget.reserve(at_once * PIXEL_BYTES, f"decoding {where}")
+            if threaded:
+                held = account.try_grow(total * PIXEL_BYTES)
+                threaded = held > 0
+            if not threaded:
+                largest = max((p.decoded_pixels for p in probes), default=0)
+                held = account.grow(largest * PIXEL_BYTES, f"decoding {where}")
             if threaded:
                 pending = [self._decode_threads().submit(self._decode_one, p) for p in probes]
                 wait(pending)  # all settled before an error closes what is still open
@@ -305,7 +313,7 @@ class Decoder:
             probes.clear()
             return decoded
         finally:  # on an error: release everything opened so far
-            self.budget.release(held)
+            account.give_back(held)
             for probe in probes:
                 probe.image.close()
 

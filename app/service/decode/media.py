@@ -122,7 +122,9 @@ class Fetched:
             )
         if self.total > self.held:
             step = max(self.total - self.held, RESERVE_STEP)
-            self.held += await self.budget.areserve(step, what)
+            # an entry, like the body it stands in for: within capacity - headroom, so the
+            # request's pixels still fit once its images arrive
+            self.held += await self.budget.areserve(step, what, kind="entry")
 
     def release(self) -> None:
         self.budget.release(self.held)

@@ -77,9 +77,9 @@ class Route:
 ANY = ("bad_request", "request_timeout", "payload_too_large", "internal_error")
 """What any route may answer: a malformed request, a body over the route's limit or too slow
 (the body guard), an unexpected failure."""
-MODEL = (*ANY, "invalid_request", "not_ready", "overloaded")
+MODEL = (*ANY, "invalid_request", "not_ready", "overloaded", "deadline_exceeded")
 """Routes that need the loaded model and its worker (they also validate parameters), and
-count towards LAD_MAX_IN_FLIGHT."""
+count towards LAD_MAX_IN_FLIGHT; they honour X-Request-Timeout."""
 BODY = ("unsupported_media_type",)
 """Routes that read a body of given content types."""
 IMAGES = (

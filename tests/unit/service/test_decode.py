@@ -360,12 +360,11 @@ def test_one_icc_profile_per_png_and_compressed_chunks_are_bounded() -> None:
         check_header(big, "x")
 
 
-def test_requests_waiting_for_a_decode_slot_do_not_stall_one_larger_than_the_budget(
-    monkeypatch,
-) -> None:
-    """Four requests at once, two decode slots, each request's pixels larger than the whole
-    in-flight budget: they decode in turn. (The two in the slots used to wait for the bodies
-    of the two waiting for a slot until BUDGET_WAIT_S ran out: 429s after 30 s.)"""
+def test_requests_holding_bodies_decode_in_turn_within_the_budget(monkeypatch) -> None:
+    """Four requests at once, two decode slots, each holding a body and decoding one image
+    whose pixels take the budget's whole headroom: they decode in turn, none waits out the
+    budget's wait, and the bytes held never pass LAD_MAX_INFLIGHT_BYTES (issue 41: the old
+    rule let such requests run "alone" beside the others' bodies, over the capacity)."""
     import asyncio
     import time
 
@@ -373,20 +372,34 @@ def test_requests_waiting_for_a_decode_slot_do_not_stall_one_larger_than_the_bud
 
     monkeypatch.setattr(byte_budget, "BUDGET_WAIT_S", 5.0)
     decoder = _decoder(
-        budget=None, max_inflight_bytes=2**20, max_concurrent_decodes=2, decode_threads=1
+        budget=None,
+        max_inflight_bytes=8 * 2**20,
+        max_image_pixels=1024 * 1024,  # headroom: 4 MiB, one 1024² image
+        max_concurrent_decodes=2,
+        decode_threads=1,
     )
-    raw = _encode(Image.new("RGB", (1024, 1024), (200, 30, 30)))  # 4 MiB of pixels > 1 MiB
+    raw = _encode(Image.new("RGB", (1024, 1024), (200, 30, 30)))
+    used: list[int] = []
+    grow = byte_budget.Account.grow
+
+    def watched_grow(self, n: int, what: str) -> int:
+        held = grow(self, n, what)
+        used.append(self.budget.used)
+        return held
+
+    monkeypatch.setattr(byte_budget.Account, "grow", watched_grow)
 
     async def request() -> int:
-        body = await decoder.budget.areserve(200 * 1024, "the request body")
-        token = byte_budget.OWN_BYTES.set(body)
+        account = byte_budget.Account(decoder.budget)
+        token = byte_budget.ACCOUNT.set(account)
         try:
+            await account.admit(900 * 1024, "the request body")
             async with decoder.slot():
                 images = await asyncio.to_thread(decoder.images, [raw], "images")
             return images[0].size[0]
         finally:
-            byte_budget.OWN_BYTES.reset(token)
-            decoder.budget.release(body)
+            byte_budget.ACCOUNT.reset(token)
+            account.close()
 
     async def main() -> list[int]:
         return await asyncio.gather(*(request() for _ in range(4)))
@@ -394,7 +407,8 @@ def test_requests_waiting_for_a_decode_slot_do_not_stall_one_larger_than_the_bud
     start = time.monotonic()
     assert asyncio.run(main()) == [1024] * 4
     assert time.monotonic() - start < 4  # in turn, not after a wait runs out
-    assert decoder.budget.used == 0
+    assert len(used) == 4 and max(used) <= 8 * 2**20
+    assert decoder.budget.used == 0 and decoder.budget.peak <= 8 * 2**20
 
 
 def test_a_url_that_reaches_the_decoder_is_refused_not_read_as_base64() -> None:
