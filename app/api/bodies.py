@@ -348,19 +348,22 @@ def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimi
     )
 
 
-async def read_query_body(request: Request, settings: Any) -> tuple[Any, str, list[str | bytes]]:
+async def read_query_body(
+    request: Request, settings: Any, max_files: int
+) -> tuple[Any, str, list[str | bytes]]:
     """The body of a query route (retrieve, rerank), JSON or multipart/form-data, as its
-    route table entry describes it (models, the files' field and their limit): (options,
-    query, the images in order). The JSON body is its own options (its images as sent); a
-    form's label text is read by the service's one label-text parser."""
+    route table entry describes it (models, the files' field), a form taking at most
+    ``max_files`` files (the route's own setting): (options, query, the images in order).
+    The JSON body is its own options (its images as sent); a form's label text is read by
+    the service's one label-text parser."""
     route = table_route(request)
-    assert route.request and route.form_files and route.form_options and route.file_limit
+    assert route.request and route.form_files and route.form_options
     if is_json(accepted_media_type(request)):
         body = await read_json(request, getattr(wire, route.request))
         return body, body.query, list(getattr(body, route.form_files))
     options_model = getattr(wire, route.form_options)
     option_fields = tuple(options_model.model_fields)
-    limits = query_form_limits(settings, getattr(settings, route.file_limit), len(option_fields))
+    limits = query_form_limits(settings, max_files, len(option_fields))
     form = await read_form(request, limits)
     raw, query, files = split_form(form, route.form_files, option_fields)
     if route.form_labels and "labels" in raw:

@@ -31,9 +31,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
+from app.api.route_table import PATTERNS, SMALL_BODY_BYTES
 from app.budget import BODY_COPIES, OWN_BYTES, ByteBudget
 from app.settings import Settings
-from lad_client.routes import PATTERNS, SMALL_BODY_BYTES
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 

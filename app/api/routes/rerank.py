@@ -49,6 +49,7 @@ def _register_everywhere(handler: Handler) -> Handler:
 
 @_register_everywhere
 async def rerank(request: Request, handler: RerankDep, settings: SettingsDep) -> JSONResponse:
-    options, query, documents = await read_query_body(request, settings)
+    most = settings.max_rerank_candidates
+    options, query, documents = await read_query_body(request, settings, most)
     answer: RerankResponse = await handler(options, query, documents)
     return JSONResponse(answer.wire())  # a result's document absent, not null, unless asked

@@ -17,5 +17,5 @@ async def retrieve(
     request: Request, handler: RetrieveDep, settings: SettingsDep
 ) -> RetrieveResponse:
     """Answer which of N images matches `query` (JSON with base64 images, or multipart files)."""
-    options, query, images = await read_query_body(request, settings)
+    options, query, images = await read_query_body(request, settings, settings.max_images)
     return await handler(options, query, images)
