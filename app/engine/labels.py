@@ -14,7 +14,7 @@ then "Caption: {query}"; then "Answer: " (one trailing space, no newline). See
 (``label_phrases``: "labeled from A to D", "the label"). The "instruction" variant inserts
 the fairness instruction before "Respond ...". The ``cot`` and ``self_consistency``
 baselines (§2.5) ask for reasoning first and a final "The answer is <label>"
-(``cot_prompt_text``); the wording is a setting (``LAD_COT_PROMPT``), and
+(``cot_prompt_text``); the wording is the evaluation's (``lad eval``), and
 ``DEFAULT_COT_PROMPT`` names no label position.
 
 Torch-free on purpose: the wire path validates labels before anything touches the model.

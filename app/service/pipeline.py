@@ -27,7 +27,7 @@ from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels
 from app.method import debias
 from app.method.calibrate import Calibration
-from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
+from app.method.methods import NEEDS_CALIBRATION, MethodOutput, apply_method
 from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.service.decode import Decoder, ImageInput
@@ -212,13 +212,7 @@ class Pipeline:
             image_size=getattr(runner, "image_size_for", None),
         )
         self.media = MediaFetcher(settings, self.decoder.budget, metrics)
-        self.method_config = MethodConfig(
-            top_k=settings.top_k,
-            tau=settings.tau,
-            posterior_variant=settings.posterior_variant,
-            mixture=settings.mixture,
-            sink_guard=settings.sink_guard,
-        )
+        self.method_config = settings.method_config()
 
     @property
     def model_id(self) -> str:

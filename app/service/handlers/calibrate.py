@@ -13,7 +13,7 @@ N, in waves that leave room for retrieval) -> debias (here: the estimate of B an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -62,6 +62,14 @@ def calibration_record(
     }
 
 
+def recorded_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
+    """The hyper-parameters a profile records: the served ``MethodConfig`` (but its
+    ``use_prior`` ablation, always on in the service) and the prompt wording."""
+    config = asdict(pipeline.method_config)
+    del config["use_prior"]
+    return {**config, "prompt_variant": pipeline.settings.prompt_variant}
+
+
 def build_profile(
     pipeline: Pipeline,
     name: str,
@@ -77,7 +85,7 @@ def build_profile(
     stats = CalibrationStats.from_evidence(scores, attention, gt)
     calibration = estimate_from_stats(stats)
     layers = list(pipeline.runner.layers)
-    hyper = {**pipeline.settings.method_hyperparameters(), "num_examples": num_examples, **extra}
+    hyper = {**recorded_hyperparameters(pipeline), "num_examples": num_examples, **extra}
     return Profile.create(
         name=name,
         fingerprint=fingerprint,
