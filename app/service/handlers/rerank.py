@@ -39,6 +39,7 @@ from app import errors
 from app.method.methods import NEEDS_CALIBRATION, passes
 from app.method.tournament import Tournament, choose_rule, window_sizes
 from app.observability import logs
+from app.observability.request_context import REQUEST_ID
 from app.service.decode import ImageInput
 from app.service.decode.decoder import EncodedImage
 from app.service.pipeline import Context, Handler, ms_since
@@ -367,7 +368,7 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             billed_units=RerankBilledUnits(images=n, input_tokens=tokens),
             timings_ms={},
         )
-        request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
+        request_id = REQUEST_ID.get() or secrets.token_hex(16)
         return RerankResponse(
             id=f"rerank-{request_id}",
             model=pipeline.model_id,

@@ -17,6 +17,7 @@ from app import errors
 from app.method import debias
 from app.method.methods import MethodOutput, passes
 from app.observability import logs
+from app.observability.request_context import REQUEST_ID
 from app.service.decode import ImageInput
 from app.service.online import OnlineService
 from app.service.pipeline import Context, Handler, Pipeline
@@ -155,7 +156,7 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
             model=pipeline.model_id,
             timings_ms={},
             details=details,
-            request_id=errors.REQUEST_ID.get(),
+            request_id=REQUEST_ID.get(),
         )
         key = pipeline.key(self._options(ctx).profile, labels)
         version = stored.version if stored else None
