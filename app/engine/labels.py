@@ -26,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from lad_client.vocabulary import SCHEMES
 
@@ -218,6 +219,10 @@ class Labels:
     spec: LabelSpec
     strings: tuple[str, ...]
     scheme: str
+    trie: Any = field(default=None, compare=False, repr=False)
+    """The strings' token trie (``app.engine.label_scoring.LabelTrie``), once the service
+    has checked that the model can score them: the runner scores with it instead of
+    building or looking it up again (None: the runner builds it)."""
 
     @property
     def n(self) -> int:

@@ -25,3 +25,17 @@ def test_the_server_table_is_the_wire_table_with_limits() -> None:
         assert dataclasses.asdict(route).items() <= dataclasses.asdict(served).items()
         if served.body_limit is not None:
             assert isinstance(getattr(Settings(_env_file=None), served.body_limit), int)
+
+
+def test_each_route_constant_is_its_route_with_its_models() -> None:
+    """The route modules name their route by constant (no lookup by name per request)."""
+    from app.api import route_table as served
+
+    for route in ROUTES:
+        assert getattr(served, route.name.upper()) is route
+        for name, model in (
+            (route.request, route.request_model),
+            (route.response, route.response_model),
+            (route.form_options, route.options_model),
+        ):
+            assert (model.__name__ if model is not None else None) == name, route.name

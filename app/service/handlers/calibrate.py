@@ -30,7 +30,18 @@ from app.method.calibrate import (
 from app.method.calibration_diagnostics import calibration_diagnostics
 from app.method.methods import MethodConfig
 from app.observability import logs
-from app.service.pipeline import Context, Handler, Pipeline, ms_since
+from app.service.pipeline import (
+    DECODE,
+    ENCODE,
+    ESTIMATE,
+    PLAN,
+    RUN,
+    Context,
+    Handler,
+    Pipeline,
+    ms_since,
+    stage,
+)
 from calibration_store import Fingerprint, Profile
 from lad_client.types import CalibratedN, CalibrateRequest, CalibrateResponse
 
@@ -109,7 +120,7 @@ class CalibrateContext(Context):
     fingerprints: dict[int, Fingerprint] = field(default_factory=dict)  # decode
     decoded: list[list[Any]] = field(default_factory=list)  # decode: per example
     instances: dict[int, tuple[list[Any], np.ndarray]] = field(default_factory=dict)  # plan
-    built: list[Profile] = field(default_factory=list)  # debias: one per N
+    built: list[Profile] = field(default_factory=list)  # estimate: one per N
 
     @property
     def several(self) -> bool:
@@ -121,14 +132,14 @@ class CalibrateContext(Context):
         return self.request
 
 
-class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
-    """The calibrate feature's hooks, counted by outcome (``invalid`` for the client's
-    errors)."""
+class Calibrate(Handler):
+    """The calibrate feature: decode, plan (the rotations), run, estimate (B and P),
+    encode (the new versions); counted by outcome (``invalid`` for the client's errors)."""
 
     async def __call__(self, request: CalibrateRequest) -> CalibrateResponse:
         metrics = self.pipeline.metrics
         try:
-            response = await self.pipeline.serve(self, CalibrateContext(request=request))
+            response = await self._stages(CalibrateContext(request=request))
         except errors.ServiceError as exc:
             client_error = type(exc).status < 500 and not isinstance(exc, errors.Overloaded)
             metrics.calibrations.labels(outcome="invalid" if client_error else "error").inc()
@@ -138,6 +149,23 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
             raise
         metrics.calibrations.labels(outcome="success").inc()
         metrics.calibration_duration.observe(response.duration_s)
+        return response
+
+    async def _stages(self, ctx: CalibrateContext) -> CalibrateResponse:
+        try:
+            with stage(ctx, DECODE):
+                await self.decode(ctx)
+            with stage(ctx, PLAN):
+                self.plan(ctx)
+            with stage(ctx, RUN):
+                await self.run(ctx)
+            with stage(ctx, ESTIMATE):
+                self.estimate(ctx)
+            with stage(ctx, ENCODE):
+                response = await self.encode(ctx)
+        finally:  # the bytes fetched by URL leave the budget with the request
+            self.pipeline.release(ctx)
+        self.pipeline.finish(ctx)
         return response
 
     # -------------------------------------------------------------------- decode
@@ -208,7 +236,7 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
             )
 
     # -------------------------------------------------------------------- plan, run
-    async def plan(self, ctx: CalibrateContext) -> None:
+    def plan(self, ctx: CalibrateContext) -> None:
         """Every N's rotated instances (an example cut to its GT and N - 1 negatives)."""
         request = ctx._request()
         decoded = zip(request.examples, ctx.decoded, strict=True)
@@ -224,8 +252,8 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
         ]
         ctx.results = await self.pipeline.forward(ctx, works, bulk=True)
 
-    # -------------------------------------------------------------------- debias (estimate)
-    async def debias(self, ctx: CalibrateContext) -> None:
+    # -------------------------------------------------------------------- estimate
+    def estimate(self, ctx: CalibrateContext) -> None:
         """B and P of every N from its instances' evidence."""
         request, results = ctx._request(), iter(ctx.results)
         extra = {
