@@ -127,7 +127,9 @@ def _keys(stages: Sequence[Stage]) -> tuple[str, ...]:
     )
 
 
-TIMINGS: tuple[str, ...] = _keys([stage for stage in STAGES if stage.answered])
+RETRIEVAL_STAGES: tuple[Stage, ...] = tuple(stage for stage in STAGES if stage.answered)
+"""The stages of a retrieval (retrieve, rerank), in order: its trace's stage spans."""
+TIMINGS: tuple[str, ...] = _keys(RETRIEVAL_STAGES)
 """The keys of a retrieval answer's ``timings_ms`` (retrieve, rerank), in order."""
 STAGE_KEYS: tuple[str, ...] = _keys(STAGES)
 """The values of the stage metric's ``stage`` label: TIMINGS and the admin stages'."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.service.pipeline import STAGES
+from app.service.pipeline import RETRIEVAL_STAGES as STAGES
 from tests.live import ROOT, LiveService
 from tests.otlp import Receiver, attributes, stage_children
 

@@ -17,7 +17,7 @@ END = "<!-- stages:end -->"
 
 def table() -> str:
     """The generated block (without the markers)."""
-    from app.service.pipeline import STAGE_KEYS, STAGES, TIMINGS
+    from app.service.pipeline import RETRIEVAL_STAGES, STAGE_KEYS, STAGES, TIMINGS
 
     def keys(timed_as: str | None, parts: tuple[str, ...]) -> str:
         own = [] if timed_as is None else [f"`{timed_as}`"]
@@ -26,7 +26,7 @@ def table() -> str:
     rows = [f"| **{s.name}** | {s.does} | {keys(s.timed_as, s.parts)} |" for s in STAGES]
     return "\n".join(
         [
-            "    " + " -> ".join(s.name for s in STAGES if s.answered),
+            "    " + " -> ".join(s.name for s in RETRIEVAL_STAGES),
             "",
             "| Stage | What it does | `timings_ms` keys |",
             "|:--|:--|:--|",
