@@ -2,8 +2,8 @@
 
 Six parts, each a pydantic-settings class of its own that reads its fields from the
 environment (server, model, limits, store, online, method; ``PARTS``); ``Settings`` is all of
-them, what the app, ``lad serve`` and the tests build. A module that needs one part takes
-that part's class (the limits, the store) as its type. Every field is
+them, what the app, ``lad serve`` and the tests build (a module that needs one part can
+take that part's class as its type, as the form reader takes LimitsSettings). Every field is
 ``LAD_<FIELD NAME IN CAPITALS>`` whatever its part; e.g. ``LAD_MODEL``, ``LAD_STORE_URL``,
 ``LAD_MAX_BATCH_SIZE``. A ``.env`` file in the working directory is read too. Lists
 (``LAD_LAYERS``) accept JSON (``[10, 11]``), comma lists (``10,11``) or a range (``10-13``).

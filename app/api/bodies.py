@@ -29,6 +29,7 @@ from app import errors
 from app.api.route_table import ServedRoute
 from app.engine.host_memory import release_free_memory
 from app.service.decode import TRIM_AFTER_BYTES, parse_label_text
+from app.settings import LimitsSettings
 from lad_client.routes import JSON
 
 
@@ -329,7 +330,7 @@ def form_options(model: Any, raw: dict[str, Any]) -> Any:
         raise validation_error(exc, "form") from None
 
 
-def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimits:
+def query_form_limits(settings: LimitsSettings, files: int, option_fields: int) -> FormLimits:
     """The limits of a query form: ``files`` image parts, the options, the query."""
     return FormLimits(
         max_parts=files + option_fields + 1,
