@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api.docs import install_docs
+from app.api.error_handlers import install_error_handlers
 from app.api.lifetime import RequestLifetimeMiddleware
 from app.api.main import api_router
 from app.api.middleware import (
@@ -25,7 +26,6 @@ from app.api.middleware import (
 from app.api.openapi import install_openapi
 from app.api.route_errors import ROUTE_ERRORS, error_statuses
 from app.engine.interface import RunnerLike
-from app.errors import install_error_handlers
 from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.observability.request_metrics import RequestMetricsMiddleware

@@ -25,11 +25,12 @@ from python_multipart.multipart import MAX_BOUNDARY_LENGTH, MultipartState, pars
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-import lad_client.types as wire
 from app import errors
+from app.api.route_table import ServedRoute
 from app.engine.host_memory import release_free_memory
 from app.service.decode import TRIM_AFTER_BYTES, parse_label_text
-from lad_client.routes import BY_NAME, JSON, Route, find
+from app.settings import LimitsSettings
+from lad_client.routes import JSON
 
 
 def validation_error(exc: ValidationError, prefix: str) -> RequestValidationError:
@@ -50,20 +51,11 @@ def is_json(media_type: str) -> bool:
     return media_type == JSON or media_type.endswith("+json")
 
 
-def table_route(request: Request) -> Route:
-    """The route table's entry of the route handling ``request``."""
-    name = getattr(request.scope.get("route"), "name", "")
-    route = BY_NAME.get(name) or find(request.method, request.url.path)
-    if route is None:
-        raise LookupError(f"{request.method} {request.url.path} is not in the route table")
-    return route
-
-
-def accepted_media_type(request: Request) -> str:
-    """The body's media type when its route accepts it (the table's ``content_types``,
+def accepted_media_type(request: Request, route: ServedRoute) -> str:
+    """The body's media type when ``route`` accepts it (the table's ``content_types``,
     ``+json`` counted as JSON); else 415 ``unsupported_media_type`` naming them."""
     media_type = content_type(request)
-    accepted = table_route(request).content_types
+    accepted = route.content_types
     if media_type in accepted or (JSON in accepted and is_json(media_type)):
         return media_type
     raise errors.UnsupportedMediaType(
@@ -172,13 +164,13 @@ def parse_json(body: bytes, model: Any) -> Any:
             release_free_memory()
 
 
-async def read_json(request: Request, model: Any) -> Any:
-    """Read and validate a JSON body, of a content type its route accepts (the body guard
-    bounds its size and its time; the parsing runs on a worker thread, so the event loop
-    keeps answering meanwhile)."""
-    accepted_media_type(request)
+async def read_json(request: Request, route: ServedRoute) -> Any:
+    """Read and validate the JSON body of ``route`` (its request model), of a content type
+    it accepts (the body guard bounds its size and its time; the parsing runs on a worker
+    thread, so the event loop keeps answering meanwhile)."""
+    accepted_media_type(request, route)
     body = await request.body()
-    return await run_in_threadpool(parse_json, body, model)
+    return await run_in_threadpool(parse_json, body, route.request_model)
 
 
 @dataclass
@@ -338,7 +330,7 @@ def form_options(model: Any, raw: dict[str, Any]) -> Any:
         raise validation_error(exc, "form") from None
 
 
-def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimits:
+def query_form_limits(settings: LimitsSettings, files: int, option_fields: int) -> FormLimits:
     """The limits of a query form: ``files`` image parts, the options, the query."""
     return FormLimits(
         max_parts=files + option_fields + 1,
@@ -348,19 +340,21 @@ def query_form_limits(settings: Any, files: int, option_fields: int) -> FormLimi
     )
 
 
-async def read_query_body(request: Request, settings: Any) -> tuple[Any, str, list[str | bytes]]:
+async def read_query_body(
+    request: Request, settings: Any, route: ServedRoute, max_files: int
+) -> tuple[Any, str, list[str | bytes]]:
     """The body of a query route (retrieve, rerank), JSON or multipart/form-data, as its
-    route table entry describes it (models, the files' field and their limit): (options,
-    query, the images in order). The JSON body is its own options (its images as sent); a
-    form's label text is read by the service's one label-text parser."""
-    route = table_route(request)
-    assert route.request and route.form_files and route.form_options and route.file_limit
-    if is_json(accepted_media_type(request)):
-        body = await read_json(request, getattr(wire, route.request))
-        return body, body.query, list(getattr(body, route.form_files))
-    options_model = getattr(wire, route.form_options)
+    route table entry describes it (models, the files' field), a form taking at most
+    ``max_files`` files (the route's own setting): (options, query, the images in order).
+    The JSON body is its own options (its images as sent); a form's label text is read by
+    the service's one label-text parser."""
+    assert route.request_model and route.form_files and route.options_model
+    if is_json(accepted_media_type(request, route)):
+        body = await read_json(request, route)
+        return body, body.query, list(getattr(body, route.form_files))  # the wire field
+    options_model = route.options_model
     option_fields = tuple(options_model.model_fields)
-    limits = query_form_limits(settings, getattr(settings, route.file_limit), len(option_fields))
+    limits = query_form_limits(settings, max_files, len(option_fields))
     form = await read_form(request, limits)
     raw, query, files = split_form(form, route.form_files, option_fields)
     if route.form_labels and "labels" in raw:

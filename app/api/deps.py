@@ -7,8 +7,7 @@ its thread pool, two thread hand-offs per dependency on every request."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -39,21 +38,36 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def _handler(feature: str) -> Callable[[Service], Awaitable[Any]]:
-    """The dependency that hands a route its feature's handler (``service.handlers.<feature>``)."""
-
-    async def handler(service: ServiceDep) -> Any:
-        return getattr(service.handlers, feature)
-
-    return handler
+async def retrieve_handler(service: ServiceDep) -> Retrieve:
+    return service.handlers.retrieve
 
 
-RetrieveDep = Annotated[Retrieve, Depends(_handler("retrieve"))]
-RerankDep = Annotated[Rerank, Depends(_handler("rerank"))]
-CalibrateDep = Annotated[Calibrate, Depends(_handler("calibrate"))]
-FeedbackDep = Annotated[Feedback, Depends(_handler("feedback"))]
-RefreshDep = Annotated[Refresh, Depends(_handler("refresh"))]
-ProfilesDep = Annotated[Profiles, Depends(_handler("profiles"))]
+async def rerank_handler(service: ServiceDep) -> Rerank:
+    return service.handlers.rerank
+
+
+async def calibrate_handler(service: ServiceDep) -> Calibrate:
+    return service.handlers.calibrate
+
+
+async def feedback_handler(service: ServiceDep) -> Feedback:
+    return service.handlers.feedback
+
+
+async def refresh_handler(service: ServiceDep) -> Refresh:
+    return service.handlers.refresh
+
+
+async def profiles_handler(service: ServiceDep) -> Profiles:
+    return service.handlers.profiles
+
+
+RetrieveDep = Annotated[Retrieve, Depends(retrieve_handler)]
+RerankDep = Annotated[Rerank, Depends(rerank_handler)]
+CalibrateDep = Annotated[Calibrate, Depends(calibrate_handler)]
+FeedbackDep = Annotated[Feedback, Depends(feedback_handler)]
+RefreshDep = Annotated[Refresh, Depends(refresh_handler)]
+ProfilesDep = Annotated[Profiles, Depends(profiles_handler)]
 """Each route's handler (the service must be ready: ``get_service``)."""
 
 

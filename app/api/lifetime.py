@@ -25,8 +25,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
+from app.api.error_handlers import error_response
 from app.observability.metrics import Metrics
-from app.observability.stage import STAGE, RequestStage
+from app.observability.request_context import REQUEST_ID_SCOPE_KEY, STAGE, RequestStage
 from lad_client.routes import find
 
 COLLECT_EVERY_S = 2.0
@@ -87,8 +88,8 @@ class RequestLifetimeMiddleware:
         try:
             timeout = deadline_s(scope)
         except errors.InvalidRequest as refused:
-            request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
-            await errors.error_response(refused, request_id)(scope, receive, send)
+            request_id = scope.get(REQUEST_ID_SCOPE_KEY)
+            await error_response(refused, request_id)(scope, receive, send)
             return
         stage = RequestStage("body")
         body_done, gone = asyncio.Event(), asyncio.Event()
@@ -183,9 +184,9 @@ class RequestLifetimeMiddleware:
             f"(it was at its {where} stage); the work was dropped",
             headers={} if body_done.is_set() else {"Connection": "close"},
         )
-        request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
+        request_id = scope.get(REQUEST_ID_SCOPE_KEY)
 
         async def nothing() -> Message:
             return {"type": "http.disconnect"}
 
-        await errors.error_response(error, request_id)(scope, nothing, send)
+        await error_response(error, request_id)(scope, nothing, send)

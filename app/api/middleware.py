@@ -32,9 +32,11 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
+from app.api.error_handlers import error_response, unexpected_error_response
+from app.api.route_table import PATTERNS, SMALL_BODY_BYTES
 from app.budget import ACCOUNT, BODY_COPIES, Account, ByteBudget
+from app.observability.request_context import REQUEST_ID, REQUEST_ID_SCOPE_KEY
 from app.settings import Settings
-from lad_client.routes import PATTERNS, SMALL_BODY_BYTES
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
@@ -51,8 +53,8 @@ class RequestIdMiddleware:
             return
         given = Headers(scope=scope).get("x-request-id", "")
         request_id = given if _SANE_ID.fullmatch(given) else uuid.uuid4().hex
-        scope[errors.REQUEST_ID_SCOPE_KEY] = request_id
-        token = errors.REQUEST_ID.set(request_id)
+        scope[REQUEST_ID_SCOPE_KEY] = request_id
+        token = REQUEST_ID.set(request_id)
         started = False
 
         async def send_with_id(message: Message) -> None:
@@ -69,13 +71,13 @@ class RequestIdMiddleware:
         except ClientDisconnect:
             pass  # nobody to answer; counted (499) and logged by the metrics middleware
         except Exception as exc:
-            response = errors.unexpected_error_response(
+            response = unexpected_error_response(
                 exc, scope.get("method", ""), scope.get("path", "")
             )
             if not started:
                 await response(scope, receive, send_with_id)
         finally:
-            errors.REQUEST_ID.reset(token)
+            REQUEST_ID.reset(token)
 
 
 UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -129,8 +131,8 @@ class InFlightLimitMiddleware:
             return message
 
         if not has_body(scope) and not take():
-            request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
-            await errors.error_response(self._refusal(), request_id)(scope, receive, send)
+            request_id = scope.get(REQUEST_ID_SCOPE_KEY)
+            await error_response(self._refusal(), request_id)(scope, receive, send)
             return
         try:
             await self.app(scope, counted_receive, send)
@@ -210,9 +212,7 @@ class BodyGuardMiddleware:
                 f"the request body has {length} bytes; the limit is {limit} ({setting})",
                 headers={"Connection": "close"},
             )
-            await errors.error_response(error, scope.get(errors.REQUEST_ID_SCOPE_KEY))(
-                scope, receive, send
-            )
+            await error_response(error, scope.get(REQUEST_ID_SCOPE_KEY))(scope, receive, send)
             return
         budget = _budget(scope)
         account = Account(budget) if budget is not None else None
@@ -221,8 +221,8 @@ class BodyGuardMiddleware:
             try:  # before the body is read: a waiting body stays in the socket
                 await account.admit(declared * BODY_COPIES, "the request body")
             except errors.ServiceError as refused:
-                request_id = scope.get(errors.REQUEST_ID_SCOPE_KEY)
-                await errors.error_response(refused, request_id)(scope, receive, send)
+                request_id = scope.get(REQUEST_ID_SCOPE_KEY)
+                await error_response(refused, request_id)(scope, receive, send)
                 return
         pace = Pace(self.settings)
         received = 0

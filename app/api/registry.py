@@ -1,6 +1,6 @@
-"""The route decorator derived from the route table: ``@register(router, "retrieve")`` gives
+"""The route decorator derived from the route table: ``@register(router, RETRIEVE)`` gives
 a handler its path, method, name, summary, response model, token dependency, error
-responses and request-body docs, all from ``lad_client.routes.ROUTES``."""
+responses and request-body docs, all from its entry of ``app.api.route_table``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, params
 from fastapi.responses import Response
 
-import lad_client.types as wire
 from app.api.deps import AdminAuth, RetrieveAuth
 from app.api.openapi import request_body
 from app.api.route_errors import error_responses
-from lad_client.routes import BY_NAME, Auth, Route
+from app.api.route_table import ServedRoute
+from lad_client.routes import Auth
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
@@ -26,13 +26,8 @@ AUTH_DEPENDENCIES: dict[Auth, list[params.Depends]] = {
 """The token check of each kind of route (run before the handler reads any body)."""
 
 
-def model(name: str) -> Any:
-    """A wire model of lad_client.types by its class name (as the route table names it)."""
-    return getattr(wire, name)
-
-
 def route_options(
-    route: Route,
+    route: ServedRoute,
     *,
     json_examples: dict[str, Any] | None = None,
     responses: dict[int | str, dict[str, Any]] | None = None,
@@ -50,17 +45,17 @@ def route_options(
     if route.response is None:
         options["response_class"] = Response
     else:
-        options["response_model"] = model(route.response)
-    if route.request is not None:
+        options["response_model"] = route.response_model
+    if route.request_model is not None:
         options["openapi_extra"] = request_body(
-            model(route.request), route.content_types, route.form_files, json_examples
+            route.request_model, route.content_types, route.form_files, json_examples
         )
     return options
 
 
-def register(router: APIRouter, name: str, **extra: Any) -> Callable[[Handler], Handler]:
-    """Decorate a handler as the table's route ``name``; ``extra`` are further
-    ``api_route`` arguments (``description``) or ``route_options``' own."""
+def register(router: APIRouter, route: ServedRoute, **extra: Any) -> Callable[[Handler], Handler]:
+    """Decorate a handler as the table's ``route``; ``extra`` are further ``api_route``
+    arguments (``description``) or ``route_options``' own."""
     own = {k: extra.pop(k) for k in ("json_examples", "responses") if k in extra}
-    options = route_options(BY_NAME[name], **own)
+    options = route_options(route, **own)
     return router.api_route(**options, **extra)

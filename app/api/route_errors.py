@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from app import errors
+from app.api.error_handlers import error_body
 from lad_client.routes import ROUTES, Route
 from lad_client.types import ErrorResponse
 
@@ -38,7 +39,7 @@ def by_status(route: Route) -> dict[int, list[type[errors.ServiceError]]]:
 
 def error_example(cls: type[errors.ServiceError]) -> dict[str, Any]:
     """An OpenAPI example object: the envelope as ``cls`` is answered."""
-    body = errors.error_body(cls.code, cls.meaning, EXAMPLE_REQUEST_ID)
+    body = error_body(cls.code, cls.meaning, EXAMPLE_REQUEST_ID)
     return {"summary": cls.meaning, "value": body}
 
 

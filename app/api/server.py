@@ -35,6 +35,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app import errors
+from app.api.error_handlers import error_body
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()  # an answer is already under way: closing is all that is left
             return
         body = json.dumps(
-            errors.error_body(error.code, f"malformed HTTP request: {detail}", request_id)
+            error_body(error.code, f"malformed HTTP request: {detail}", request_id)
         ).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -14,7 +14,7 @@ then "Caption: {query}"; then "Answer: " (one trailing space, no newline). See
 (``label_phrases``: "labeled from A to D", "the label"). The "instruction" variant inserts
 the fairness instruction before "Respond ...". The ``cot`` and ``self_consistency``
 baselines (§2.5) ask for reasoning first and a final "The answer is <label>"
-(``cot_prompt_text``); the wording is a setting (``LAD_COT_PROMPT``), and
+(``cot_prompt_text``); the wording is the evaluation's (``lad eval``), and
 ``DEFAULT_COT_PROMPT`` names no label position.
 
 Torch-free on purpose: the wire path validates labels before anything touches the model.
@@ -26,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from lad_client.vocabulary import SCHEMES
 
@@ -218,6 +219,10 @@ class Labels:
     spec: LabelSpec
     strings: tuple[str, ...]
     scheme: str
+    trie: Any = field(default=None, compare=False, repr=False)
+    """The strings' token trie (``app.engine.label_scoring.LabelTrie``), once the service
+    has checked that the model can score them: the runner scores with it instead of
+    building or looking it up again (None: the runner builds it)."""
 
     @property
     def n(self) -> int:

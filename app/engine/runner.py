@@ -200,6 +200,18 @@ class Runner:
             for item, item_strings in zip(items, strings, strict=True)
         ]
 
+    def item_tries(
+        self, items: Sequence[RetrievalItem], strings: Sequence[Sequence[str]]
+    ) -> list[LabelTrie]:
+        """Each item's label trie: the one its resolved labels carry (built once, when the
+        service checked them), else ``label_trie`` of its strings."""
+        return [
+            item.labels.trie
+            if item.labels is not None and item.labels.trie is not None
+            else self.label_trie(item_strings)
+            for item, item_strings in zip(items, strings, strict=True)
+        ]
+
     def label_trie(self, labels: Sequence[str]) -> LabelTrie:
         """The labels' token trie, cached (the last TRIE_CACHE_SIZE label lists: custom
         labels come from clients, so the cache must not grow without bound)."""
@@ -277,7 +289,7 @@ class Runner:
             if not item.images:
                 raise ValueError("every item needs at least one image")
         strings = self.item_labels(items, labels)
-        tries = [self.label_trie(item_strings) for item_strings in strings]
+        tries = self.item_tries(items, strings)
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             batch = self.process(items, labels, strings)
@@ -306,7 +318,7 @@ class Runner:
         same kept logits) with nothing captured, i.e. what a plain SDPA model would run.
         Returns its ``process`` and ``forward`` milliseconds; no scores."""
         strings = self.item_labels(items, labels)
-        tries = [self.label_trie(item_strings) for item_strings in strings]
+        tries = self.item_tries(items, strings)
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             batch = self.process(items, labels, strings)

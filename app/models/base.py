@@ -4,7 +4,7 @@ A *family adapter* is the only place in the code that knows how one MLLM family 
 out a multi-image prompt. The engine is written against the protocol
 ``app.engine.adapter.FamilyAdapter``; :class:`HFAdapter` answers it the way most
 transformers MLLMs need, and a family is one file that subclasses it, overrides what
-differs and registers it (``app.models.registry``).
+differs and is listed in the registry (``app.models.registry``).
 
 Token spans are half-open ``(start, end)`` indices into the *padded* row, and
 include the family's delimiter tokens (e.g. Qwen ``<|vision_start|>`` ..

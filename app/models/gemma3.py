@@ -31,10 +31,8 @@ from transformers import Gemma3Processor
 
 from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, images_per_prompt
-from app.models.registry import register
 
 
-@register
 class Gemma3Adapter(HFAdapter):
     """Images first as `<start_of_image>` .. `<end_of_image>` spans; Λ among global layers."""
 

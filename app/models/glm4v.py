@@ -25,12 +25,10 @@ from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
 
 from app.models.base import size_field, without_video_processor
 from app.models.qwen2_vl import Qwen2VLAdapter
-from app.models.registry import register
 
 Glm4vProcessorNoVideo = without_video_processor(Glm4vProcessor, "Glm4vProcessorNoVideo", __name__)
 
 
-@register
 class Glm4vAdapter(Qwen2VLAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("glm4v", "glm4v_moe")
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<|begin_of_image|>", "<|end_of_image|>")

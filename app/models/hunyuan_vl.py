@@ -17,10 +17,8 @@ import torch
 
 from app.engine.adapter import PromptBatch
 from app.models.generic import GenericAdapter
-from app.models.registry import register
 
 
-@register
 class HunYuanVLAdapter(GenericAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("hunyuan_vl",)
     doc_tested: ClassVar[str] = (

@@ -33,7 +33,6 @@ from app.models.base import (
     size_field,
     without_video_processor,
 )
-from app.models.registry import register
 
 SmolVLMProcessorNoVideo = without_video_processor(
     SmolVLMProcessor, "SmolVLMProcessorNoVideo", __name__
@@ -43,7 +42,6 @@ FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
 GLOBAL_IMAGE_TOKEN = "<global-img>"
 
 
-@register
 class Idefics3Adapter(HFAdapter):
     """Images first as tiles + a global image between `<fake_token_around_image>` tokens."""
 
@@ -119,7 +117,6 @@ class Idefics3Adapter(HFAdapter):
         return spans
 
 
-@register
 class SmolVLMAdapter(Idefics3Adapter):
     """SmolVLM: Idefics3's layout and decoder, SmolVLM's processor (without video)."""
 

@@ -25,14 +25,12 @@ from transformers import InternVLProcessor
 from app.engine.adapter import PromptBatch
 from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, without_video_processor
-from app.models.registry import register
 
 InternVLProcessorNoVideo = without_video_processor(
     InternVLProcessor, "InternVLProcessorNoVideo", __name__
 )
 
 
-@register
 class InternVLAdapter(HFAdapter):
     """Images first (`<IMG_CONTEXT>` placeholders), spans `<img>`..`</img>`."""
 

@@ -18,10 +18,8 @@ from typing import Any, ClassVar
 import torch
 
 from app.models.generic import GenericAdapter
-from app.models.registry import register
 
 
-@register
 class Llama4Adapter(GenericAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("llama4",)
     doc_tested: ClassVar[str] = (

@@ -24,7 +24,6 @@ from PIL import Image
 from transformers import LlavaOnevisionProcessor
 
 from app.models.base import HFAdapter, without_video_processor
-from app.models.registry import register
 
 LlavaOnevisionProcessorNoVideo = without_video_processor(
     LlavaOnevisionProcessor, "LlavaOnevisionProcessorNoVideo", __name__
@@ -46,7 +45,6 @@ def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
     return runs
 
 
-@register
 class LlavaOnevisionAdapter(HFAdapter):
     """Images first as adjacent `<image>` placeholders, spans split per image."""
 

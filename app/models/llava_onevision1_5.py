@@ -37,7 +37,6 @@ from app.engine.attention import EAGER_HOOK_CAPTURE
 from app.engine.kv_cache import CACHE, cache_argument
 from app.models.base import HFAdapter
 from app.models.qwen2_vl import Qwen2VLAdapter
-from app.models.registry import register
 
 
 class KeptLogits:
@@ -77,7 +76,6 @@ def rename_cache(model: torch.nn.Module, name: str) -> None:
     model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-@register
 class LlavaOneVision15Adapter(Qwen2VLAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("llavaonevision1_5",)
     capture: ClassVar[str] = EAGER_HOOK_CAPTURE

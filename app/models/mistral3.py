@@ -23,7 +23,6 @@ import torch
 
 from app.engine.encoder_split import EncoderSplit, FirstDim
 from app.models.base import HFAdapter, longest_edge_budget, size_field
-from app.models.registry import register
 
 
 def _pixtral_processor() -> type:
@@ -64,7 +63,6 @@ def delimited_runs(ids: list[int], member_ids: set[int], end_id: int) -> list[tu
     return spans
 
 
-@register
 class Mistral3Adapter(HFAdapter):
     """Images first as `[IMG]` grids closed by `[IMG_END]`, spans split at each `[IMG_END]`."""
 

@@ -25,7 +25,6 @@ from app.engine.adapter import PromptBatch
 from app.engine.encoder_split import EncoderSplit, GridRows
 from app.models import qwen_inputs
 from app.models.base import HFAdapter, size_field, without_video_processor
-from app.models.registry import register
 
 Qwen2VLProcessorNoVideo = without_video_processor(
     Qwen2VLProcessor, "Qwen2VLProcessorNoVideo", __name__
@@ -35,7 +34,6 @@ Qwen2_5_VLProcessorNoVideo = without_video_processor(
 )
 
 
-@register
 class Qwen2VLAdapter(HFAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     image_delimiters: ClassVar[tuple[str, str] | None] = ("<|vision_start|>", "<|vision_end|>")

@@ -19,12 +19,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from app.models.qwen3_vl import Qwen3VLAdapter
-from app.models.registry import register
 
 FULL_ATTENTION = "full_attention"
 
 
-@register
 class Qwen3_5Adapter(Qwen3VLAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_5", "qwen3_5_moe")
     doc_layout: ClassVar[str] = (

@@ -26,14 +26,12 @@ from transformers import Qwen3VLProcessor
 
 from app.models.base import without_video_processor
 from app.models.qwen2_vl import Qwen2VLAdapter
-from app.models.registry import register
 
 Qwen3VLProcessorNoVideo = without_video_processor(
     Qwen3VLProcessor, "Qwen3VLProcessorNoVideo", __name__
 )
 
 
-@register
 class Qwen3VLAdapter(Qwen2VLAdapter):
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl", "qwen3_vl_moe")
     processor_class: ClassVar[type | None] = Qwen3VLProcessorNoVideo

@@ -50,7 +50,7 @@ from app.observability.collectors import (
     package_version,
     register_runtime,
 )
-from app.observability.stage import REQUEST_STAGES
+from app.observability.request_context import REQUEST_STAGES
 from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 
 prometheus_client.disable_created_metrics()

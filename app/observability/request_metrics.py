@@ -10,9 +10,9 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors
 from app.observability import logs, tracing
 from app.observability.metrics import CLIENT_CLOSED_CODE, CLIENT_CLOSED_STATUS, Metrics
+from app.observability.request_context import REQUEST_ID_SCOPE_KEY
 
 QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 """Scrapes and probes: counted, but not in flight, and in the request log only when they
@@ -51,7 +51,7 @@ class RequestMetricsMiddleware:
         started = time.perf_counter()
         quiet = scope.get("path") in QUIET_PATHS
         record = logs.RequestRecord(
-            request_id=scope.get(errors.REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
+            request_id=scope.get(REQUEST_ID_SCOPE_KEY), http_method=scope.get("method", "")
         )
         error_body = bytearray()
 

@@ -10,9 +10,9 @@ the hooks below return at their first line, so the request path pays one global 
 
 The process holds one tracer (``setup`` at start-up, ``shutdown`` at stop, which flushes
 what is buffered). ``start_request`` / ``end_request`` bracket a request (the request
-middleware calls them); ``stage_span`` opens a stage's child span where the stage is timed
-(``Pipeline.serve``), so spans and ``timings_ms`` name the same stages; ``note_batches``
-records the batches a request's instances rode in (``ModelWorker.run``).
+middleware calls them); ``stage_span`` opens a stage's child span where the stage is
+timed (``app.service.pipeline.stage``), so spans and ``timings_ms`` name the same stages;
+``note_batches`` records the batches a request's instances rode in (``ModelWorker.run``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The one request pipeline between HTTP and the engine, for every feature: the stages
-(``STAGES``, defined here once), the per-request ``Context``, the ``Handler`` whose hooks a
-feature supplies, and the runner (``Pipeline.serve``) that runs, times and counts them.
+(``STAGES``, defined here once), the per-request ``Context``, ``stage`` (the one context
+manager that times a stage) and ``Pipeline.finish`` (the request's timings, counted).
 
-decode -> plan -> run -> debias -> encode. A stage's name is its hook's name; its time goes
-into ``timings_ms`` and the ``stage`` label of ``lad_stage_duration_seconds`` under the keys
-``TIMINGS`` derives from the same tuple. ``Pipeline`` also holds what every handler shares
+A feature's handler calls its stages in order as plain code, each inside
+``with stage(ctx, DECODE):`` and so on: retrieval is decode -> plan -> run -> debias ->
+encode; calibrate and refresh estimate B and P in ``estimate`` instead of debiasing. A
+stage's time goes into ``timings_ms`` and the ``stage`` label of
+``lad_stage_duration_seconds`` under the keys derived from the same tuple. ``Pipeline`` also
+holds what every handler shares
 (the settings, the runner, the decoder, the model worker, the profiles, the method
 configuration, the metrics) and the steps more than one feature takes: the labels (resolved
 once per request and N), the plan (the profiles a method needs, or the one vanilla
@@ -16,9 +19,9 @@ dataclasses never leave the service package.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
@@ -27,7 +30,7 @@ from app.engine.interface import RetrievalItem, RunnerLike
 from app.engine.labels import Labels
 from app.method import debias
 from app.method.calibrate import Calibration
-from app.method.methods import NEEDS_CALIBRATION, MethodConfig, MethodOutput, apply_method
+from app.method.methods import NEEDS_CALIBRATION, MethodOutput, apply_method
 from app.observability import tracing
 from app.observability.metrics import Metrics
 from app.service.decode import Decoder, ImageInput
@@ -41,7 +44,7 @@ from calibration_store import Profile, ProfileKey
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of every request: its hook's name and where its time is reported."""
+    """One stage of a request: its name and where its time is reported."""
 
     name: str
     timed_as: str | None
@@ -50,68 +53,86 @@ class Stage:
     parts: tuple[str, ...]
     """Finer keys measured within it (by the decoder, by the model worker)."""
     does: str
-    """What its hooks do (the docs' stage table is generated from it)."""
+    """What it does (the docs' stage table is generated from it)."""
+    answered: bool = True
+    """Whether the retrieval answers' ``timings_ms`` carry its keys (False: an admin
+    feature's own stage, in the stage metric only)."""
     inside: str | None = None
-    """The stage whose hook runs it (no hook of its own): its time is reported under its
-    own key and taken out of that stage's."""
+    """The stage that runs it (within that stage's block): its time is reported under
+    its own key and taken out of that stage's."""
 
 
-STAGES: tuple[Stage, ...] = (
-    Stage(
-        "decode",
-        "decode",
-        ("base64",),
-        "the checks before the queue (query, N, the labels resolved once per N, the limits), "
-        "then base64 or multipart images to pixels, off the event loop (`base64` is its "
-        "base64 step)",
-    ),
-    Stage(
-        "fetch",
-        "fetch",
-        (),
-        "image URLs to their bytes, when the operator allows their hosts "
-        "(LAD_MEDIA_ALLOWED_DOMAINS): every URL and redirect hop checked, fetched concurrently "
-        "within LAD_MEDIA_CONCURRENCY; run by decode after its checks, before the image "
-        "headers are read, and taken out of decode's time",
-        inside="decode",
-    ),
-    Stage(
-        "plan",
-        "decode",
-        (),
-        "the profile of every N the method needs (a read of the replica's copy, its B and P "
-        "built once per version), or the operator's vanilla fallback, or 409; rerank: the "
-        "window and the rounds; calibrate: the rotated instances. Timed within `decode`",
-    ),
-    Stage(
-        "run",
-        None,
-        ("queue", "process", "forward", "score"),
-        "the instances through the one bounded queue (429 when full) into the worker's "
-        "adaptive batches: the model's processor, one prompt forward with the attention rows "
-        "of Λ captured, the label trie's scores s; the batch's times",
-    ),
-    Stage(
-        "debias",
-        "debias",
-        (),
-        "the method's math on (s, a) and the profile (pure numpy); calibrate: B and P; "
-        "refresh: the blend and its accuracy guard",
-    ),
-    Stage(
-        "encode",
-        "encode",
-        (),
-        "the wire answer, and what is kept of it (the evidence for feedback, a new profile "
-        "version)",
-    ),
+DECODE = Stage(
+    "decode",
+    "decode",
+    ("base64",),
+    "the checks before the queue (query, N, the labels resolved once per N, the limits), "
+    "then base64 or multipart images to pixels, off the event loop (`base64` is its "
+    "base64 step)",
 )
-"""The stages of every request, in order: the one definition of their names."""
-
-TIMINGS: tuple[str, ...] = tuple(
-    dict.fromkeys(key for stage in STAGES for key in (stage.timed_as, *stage.parts) if key)
+FETCH = Stage(
+    "fetch",
+    "fetch",
+    (),
+    "image URLs to their bytes, when the operator allows their hosts "
+    "(LAD_MEDIA_ALLOWED_DOMAINS): every URL and redirect hop checked, fetched concurrently "
+    "within LAD_MEDIA_CONCURRENCY; run by decode after its checks, before the image "
+    "headers are read, and taken out of decode's time",
+    inside="decode",
 )
-"""The keys of ``timings_ms`` and the values of the stage metric's ``stage`` label."""
+PLAN = Stage(
+    "plan",
+    "decode",
+    (),
+    "the profile of every N the method needs (a read of the replica's copy, its B and P "
+    "built once per version), or the operator's vanilla fallback, or 409; rerank: the "
+    "window and the rounds; calibrate: the rotated instances. Timed within `decode`",
+)
+RUN = Stage(
+    "run",
+    None,
+    ("queue", "process", "forward", "score"),
+    "the instances through the one bounded queue (429 when full) into the worker's "
+    "adaptive batches: the model's processor, one prompt forward with the attention rows "
+    "of Λ captured, the label trie's scores s; the batch's times",
+)
+DEBIAS = Stage(
+    "debias",
+    "debias",
+    (),
+    "the method's math on (s, a) and the profile (pure numpy)",
+)
+ESTIMATE = Stage(
+    "estimate",
+    "estimate",
+    (),
+    "calibrate: B and P of every N from the rotated instances' evidence; refresh: the "
+    "blend of offline and feedback sums and its accuracy guard (admin features only)",
+    answered=False,
+)
+ENCODE = Stage(
+    "encode",
+    "encode",
+    (),
+    "the wire answer, and what is kept of it (the evidence for feedback, a new profile version)",
+)
+STAGES: tuple[Stage, ...] = (DECODE, FETCH, PLAN, RUN, DEBIAS, ESTIMATE, ENCODE)
+"""The stages, in the order a feature calls those it has: the one definition of their
+names."""
+
+
+def _keys(stages: Sequence[Stage]) -> tuple[str, ...]:
+    return tuple(
+        dict.fromkeys(key for stage in stages for key in (stage.timed_as, *stage.parts) if key)
+    )
+
+
+RETRIEVAL_STAGES: tuple[Stage, ...] = tuple(stage for stage in STAGES if stage.answered)
+"""The stages of a retrieval (retrieve, rerank), in order: its trace's stage spans."""
+TIMINGS: tuple[str, ...] = _keys(RETRIEVAL_STAGES)
+"""The keys of a retrieval answer's ``timings_ms`` (retrieve, rerank), in order."""
+STAGE_KEYS: tuple[str, ...] = _keys(STAGES)
+"""The values of the stage metric's ``stage`` label: TIMINGS and the admin stages'."""
 
 
 _INSIDE: dict[str, tuple[Stage, ...]] = {
@@ -143,8 +164,28 @@ class Context:
 
     def add(self, key: str, ms: float) -> None:
         """Add ``ms`` to a timing (a stage may take several steps: rerank's rounds)."""
-        assert key in TIMINGS, key
+        assert key in STAGE_KEYS, key
         self.timings[key] = self.timings.get(key, 0.0) + ms
+
+
+@contextmanager
+def stage(ctx: Context, which: Stage) -> Iterator[None]:
+    """Time the block as the stage ``which`` of the request ``ctx`` (under its
+    ``timed_as`` key, added: a stage may run in several steps) inside its trace span: the
+    one place a stage is measured. A stage that raises is not timed (the request answers
+    an error); its span records the error. A stage run inside it (fetch inside decode)
+    is timed under its own key and taken out of this one's; one that had nothing to do
+    reports 0 ms."""
+    inner = {s.timed_as: ctx.timings.get(s.timed_as, 0.0) for s in _INSIDE[which.name]}
+    start = time.perf_counter()
+    with tracing.stage_span(which.name):  # a trace span per stage, same names
+        yield
+    if which.timed_as is not None:
+        nested = sum(ctx.timings.get(key, 0.0) - ms for key, ms in inner.items() if key)
+        ctx.add(which.timed_as, ms_since(start) - nested)
+    for key in inner:  # a stage with nothing to do took no time (no image URL)
+        if key:
+            ctx.timings.setdefault(key, 0.0)
 
 
 @dataclass(frozen=True)
@@ -157,45 +198,16 @@ class Plan:
     fallback_for: str | None = None
 
 
-C = TypeVar("C", bound=Context)
-R = TypeVar("R")
-
-
-class Handler(Generic[C, R]):
-    """A feature's hooks, one per stage (``STAGES``' names), which ``Pipeline.serve`` calls
-    in order; a stage the feature does not have keeps the hook that does nothing. Only
-    ``encode`` answers (the wire response)."""
+class Handler:
+    """A feature's handler over the shared pipeline: its ``__call__`` calls the feature's
+    stages in order, each inside ``stage``, then ``Pipeline.finish``."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def decode(self, ctx: C) -> None:
-        return None
-
-    async def plan(self, ctx: C) -> None:
-        return None
-
-    async def run(self, ctx: C) -> None:
-        return None
-
-    async def debias(self, ctx: C) -> None:
-        return None
-
-    async def encode(self, ctx: C) -> R:
-        raise NotImplementedError
-
-    def timings_of(self, response: R) -> dict[str, float] | None:
-        """The response's ``timings_ms`` (None: its wire shape has none)."""
-        return None
-
-    def observe(self, ctx: C, response: R) -> None:
-        """The feature's own metrics once it answered (the stages are counted already)."""
-        return None
-
 
 class Pipeline:
-    """The shared parts and steps of every handler (one model, one queue, one store) and
-    the stage runner."""
+    """The shared parts and steps of every handler (one model, one queue, one store)."""
 
     def __init__(
         self, settings: Settings, runner: RunnerLike, profiles: ProfileService, metrics: Metrics
@@ -212,63 +224,40 @@ class Pipeline:
             image_size=getattr(runner, "image_size_for", None),
         )
         self.media = MediaFetcher(settings, self.decoder.budget, metrics)
-        self.method_config = MethodConfig(
-            top_k=settings.top_k,
-            tau=settings.tau,
-            posterior_variant=settings.posterior_variant,
-            mixture=settings.mixture,
-            sink_guard=settings.sink_guard,
-        )
+        self.method_config = settings.method_config()
 
     @property
     def model_id(self) -> str:
         return str(self.runner.model_id)
 
-    # -------------------------------------------------------------------- the runner
-    async def serve(self, handler: Handler[C, R], ctx: C) -> R:
-        """Every stage's hook in order, each timed under its key; on success the stages
-        are counted (``lad_stage_duration_seconds``) and the feature observes its own."""
-        response: R | None = None
-        try:
-            for stage in STAGES:
-                if stage.inside is not None:
-                    continue  # its time is taken out of the stage that runs it
-                inner = {s.timed_as: ctx.timings.get(s.timed_as, 0.0) for s in _INSIDE[stage.name]}
-                start = time.perf_counter()
-                with tracing.stage_span(stage.name):  # a trace span per timed stage, same names
-                    if stage.name == "encode":
-                        response = await handler.encode(ctx)
-                    else:
-                        await getattr(handler, stage.name)(ctx)
-                if stage.timed_as is not None:
-                    nested = sum(ctx.timings.get(key, 0.0) - ms for key, ms in inner.items())
-                    ctx.add(stage.timed_as, ms_since(start) - nested)
-                for key in inner:  # a stage with nothing to do took no time (no image URL)
-                    ctx.timings.setdefault(key, 0.0)
-        finally:
-            if ctx.fetched is not None:  # the fetched bytes leave the budget with the request
-                ctx.fetched.release()
-        assert response is not None
-        timings = {key: ctx.timings[key] for key in TIMINGS if key in ctx.timings}
-        wire = handler.timings_of(response)
-        if wire is not None:
-            wire.clear()
-            wire.update(timings)
+    # -------------------------------------------------------------------- after the stages
+    def finish(self, ctx: Context) -> dict[str, float]:
+        """The request's timings once its last stage ran, in ``STAGE_KEYS``' order, each
+        counted in ``lad_stage_duration_seconds``: what a retrieval answer's
+        ``timings_ms`` carries."""
+        timings = {key: ctx.timings[key] for key in STAGE_KEYS if key in ctx.timings}
         self.metrics.observe_stages(timings, ctx.method)
-        handler.observe(ctx, response)
-        return response
+        return timings
+
+    @staticmethod
+    def release(ctx: Context) -> None:
+        """At the end of a request whatever its outcome: the bytes fetched by URL leave
+        the byte budget."""
+        if ctx.fetched is not None:
+            ctx.fetched.release()
 
     # -------------------------------------------------------------------- decode
     def labels(self, n: int, value: str | Sequence[str], where: str) -> Labels:
         """N within limits and labels the model can score, within the label limits, resolved
-        once (checked before the queue)."""
+        once (checked before the queue), with their token trie: every later stage, the
+        runner included, reads these."""
         labels = self.decoder.labels(n, value, where)
         try:
             trie = self.runner.label_trie(labels.strings)  # tokenises; cached by the runner
         except ValueError as exc:
             raise errors.InvalidLabels(f"these labels cannot be scored: {exc}") from None
         self.decoder.check_label_tokens([len(seq) for seq in trie.token_sequences])
-        return labels
+        return replace(labels, trie=trie)
 
     def key(self, profile: str, labels: Labels) -> ProfileKey:
         return self.profiles.key(profile, labels.scheme, labels.n)
@@ -287,12 +276,8 @@ class Pipeline:
             return [list(inputs) for _, inputs in groups]  # reported as 0 ms
         if ctx.fetched is None:
             ctx.fetched = Fetched(self.decoder.budget, limit[1], limit[0])
-        started = time.perf_counter()
-        try:
-            with tracing.stage_span("fetch"):  # a child of decode's span, which runs it
-                return await self.media.fetch_all(groups, ctx.fetched)
-        finally:
-            ctx.add("fetch", ms_since(started))
+        with stage(ctx, FETCH):  # its span a child of decode's, which runs it
+            return await self.media.fetch_all(groups, ctx.fetched)
 
     # -------------------------------------------------------------------- plan
     def plan(

@@ -22,7 +22,7 @@ from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.observability import tracing
 from app.observability.metrics import Metrics
-from app.observability.stage import stage
+from app.observability.request_context import log_unexpected, mark_stage
 from app.service.shadow import ShadowSampler
 from app.settings import Settings
 
@@ -137,7 +137,7 @@ class ModelWorker:
         """
         try:
             if not bulk:
-                with stage("queue"):  # a client that leaves now takes its passes off the queue
+                with mark_stage("queue"):  # a client that leaves now takes its passes off the queue
                     out = await _gather(self.batcher.submit_many(works))
             else:
                 out = []
@@ -152,7 +152,7 @@ class ModelWorker:
         except PromptTooLongError as exc:  # refused before any forward: the client's to fix
             raise errors.PromptTooLong(str(exc)) from None
         except Exception as exc:
-            errors.log_unexpected(exc, "the model failed on a request")
+            log_unexpected(exc, "the model failed on a request")
             raise errors.EngineFailure(
                 "the model failed on this request; the server log has the details under "
                 "this request_id"

@@ -17,9 +17,10 @@ from app import errors
 from app.api.deps import require_admin_token, require_retrieve_token
 from app.api.middleware import SMALL_BODY_BYTES, body_limit
 from app.api.route_errors import ERROR_OF
+from app.api.route_table import BY_NAME, ROUTES, find
 from app.observability.logs import AUDITED
 from app.settings import Settings
-from lad_client.routes import BY_NAME, FORM, JSON, ROUTES, find
+from lad_client.routes import FORM, JSON
 from tests.api.helpers import multipart_files
 
 TOKEN_CHECK = {require_retrieve_token: "api_key", require_admin_token: "admin"}

@@ -17,7 +17,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from app.main import create_app
 from app.observability import tracing
-from app.service.pipeline import STAGES
+from app.service.pipeline import RETRIEVAL_STAGES as STAGES
 from app.settings import Settings
 from lad_lab.demo.world import RetrievalExample
 from tests.api.helpers import b64, png_bytes, retrieve_body

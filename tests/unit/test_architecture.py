@@ -143,29 +143,10 @@ def test_no_import_points_up_a_layer() -> None:
     assert not upward, "\n".join(upward)
 
 
-KNOWN_CIRCLES: tuple[frozenset[str], ...] = (
-    frozenset(
-        {
-            "app.models.registry",
-            "app.models.gemma3",
-            "app.models.glm4v",
-            "app.models.hunyuan_vl",
-            "app.models.idefics3",
-            "app.models.internvl",
-            "app.models.llama4",
-            "app.models.llava_onevision",
-            "app.models.llava_onevision1_5",
-            "app.models.mistral3",
-            "app.models.qwen2_vl",
-            "app.models.qwen3_5",
-            "app.models.qwen3_vl",
-        }
-    ),
-)
+KNOWN_CIRCLES: tuple[frozenset[str], ...] = ()
 """Circles the code still has, each to be removed and then dropped here (the test fails
-while one is listed that is no longer a circle, or has grown): the adapter registry imports
-its built-in families by name on first lookup (``_BUILTIN_MODULES``) and each family module
-imports the registry to register itself (issue 40, the service's part)."""
+while one is listed that is no longer a circle, or has grown). None: the adapter registry
+imports its families, which know nothing of it (issue 40)."""
 
 
 def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:

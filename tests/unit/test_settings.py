@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
-from pydantic import ValidationError
+import re
+from pathlib import Path
 
-from app.settings import DEFAULT_STORE_URL, Settings
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from app.method.methods import MethodConfig
+from app.settings import DEFAULT_STORE_URL, PARTS, Settings, part_of
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = {
+    name: str(field.default - 1 if field.default > 1 else field.default + 1)
+    for name, field in Settings.model_fields.items()
+    if type(field.default) is int
+} | {"model": "Qwen/Qwen2.5-VL-3B-Instruct", "store_url": "memory://", "admin_token": "s3cret"}
+"""A value other than the default for each integer setting and a few others, as the
+environment spells it."""
 
 
 @pytest.fixture(autouse=True)
@@ -92,26 +105,49 @@ def test_blank_tokens_mean_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _settings().retrieve_token is None
 
 
-def test_hyperparameters_recorded_in_profiles() -> None:
+def test_the_method_config_is_built_from_the_settings() -> None:
+    """One definition of the hyper-parameters: MethodConfig, filled from the method part."""
     s = _settings(top_k=3, mixture="log")
-    assert s.method_hyperparameters() == {
-        "top_k": 3,
-        "tau": 5.0,
-        "posterior_variant": "reference",
-        "mixture": "log",
-        "sink_guard": True,
-        "prompt_variant": "vanilla",
-    }
+    assert s.method_config() == MethodConfig(top_k=3, mixture="log")
 
 
-def test_sink_guard_and_cot_wording_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sink_guard_is_a_setting_and_the_cot_ones_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("LAD_SINK_GUARD", "false")
     monkeypatch.setenv("LAD_COT_PROMPT", "Think. Caption: {query} Answer: ")
     s = Settings(_env_file=None)
-    assert s.sink_guard is False and s.method_hyperparameters()["sink_guard"] is False
-    assert s.cot_prompt == "Think. Caption: {query} Answer: "
+    assert s.sink_guard is False and s.method_config().sink_guard is False
+    assert not hasattr(s, "cot_prompt") and not hasattr(s, "cot_max_new_tokens")
     monkeypatch.delenv("LAD_SINK_GUARD")
     assert Settings(_env_file=None).sink_guard is True
+
+
+def test_every_setting_is_in_exactly_one_part() -> None:
+    owners = [name for part in PARTS.values() for name in part.model_fields]
+    assert len(owners) == len(set(owners)), "a setting in two parts"
+    assert set(owners) == set(Settings.model_fields)
+    assert part_of("max_images") == "limits" and part_of("store_url") == "store"
+
+
+def test_the_documented_variables_still_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every LAD_* of docs/configuration.md's table is read into its field, by the whole
+    settings and by the part that owns it alone."""
+    table = (ROOT / "docs" / "configuration.md").read_text().split("## Settings", 1)[1]
+    documented = set(re.findall(r"`LAD_([A-Z_]+)`", table.split("\n## ", 1)[0]))
+    assert documented == {name.upper() for name in Settings.model_fields}
+    for name in sorted(documented):
+        field = name.lower()
+        value = SAMPLE.get(field)
+        if value is None:
+            continue
+        monkeypatch.setenv(f"LAD_{name}", value)
+        whole = getattr(Settings(_env_file=None), field)
+        alone = getattr(PARTS[part_of(field)](_env_file=None), field)
+        if isinstance(whole, SecretStr):
+            whole, alone = whole.get_secret_value(), alone.get_secret_value()
+        assert whole == type(whole)(value) and whole == alone, name
+        monkeypatch.delenv(f"LAD_{name}")
 
 
 def test_env_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

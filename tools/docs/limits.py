@@ -11,10 +11,9 @@ markers in docs/api.md; ``--check`` fails when the page is out of date (a test r
 from __future__ import annotations
 
 from app import errors
-from app.api.middleware import SMALL_BODY_BYTES
+from app.api.route_table import ROUTES, SMALL_BODY_BYTES
 from app.api.server import MAX_HEAD_BYTES
 from app.settings import MAX_N, Settings
-from lad_client.routes import ROUTES
 from lad_client.types import MAX_CALIBRATION_EXAMPLES
 from tools.docs.blocks import DOCS, block_command, read_block
 

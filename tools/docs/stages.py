@@ -17,7 +17,7 @@ END = "<!-- stages:end -->"
 
 def table() -> str:
     """The generated block (without the markers)."""
-    from app.service.pipeline import STAGES, TIMINGS
+    from app.service.pipeline import RETRIEVAL_STAGES, STAGE_KEYS, STAGES, TIMINGS
 
     def keys(timed_as: str | None, parts: tuple[str, ...]) -> str:
         own = [] if timed_as is None else [f"`{timed_as}`"]
@@ -26,14 +26,17 @@ def table() -> str:
     rows = [f"| **{s.name}** | {s.does} | {keys(s.timed_as, s.parts)} |" for s in STAGES]
     return "\n".join(
         [
-            "    " + " -> ".join(s.name for s in STAGES),
+            "    " + " -> ".join(s.name for s in RETRIEVAL_STAGES),
             "",
             "| Stage | What it does | `timings_ms` keys |",
             "|:--|:--|:--|",
             *rows,
             "",
-            "Every `timings_ms` key, which is also the `stage` label of "
-            "`lad_stage_duration_seconds`: " + ", ".join(f"`{k}`" for k in TIMINGS) + ".",
+            "Every `timings_ms` key of a retrieval answer: "
+            + ", ".join(f"`{k}`" for k in TIMINGS)
+            + ". The `stage` label of `lad_stage_duration_seconds` takes these and "
+            + ", ".join(f"`{k}`" for k in STAGE_KEYS if k not in TIMINGS)
+            + " (calibrate and refresh estimate instead of debiasing).",
         ]
     )
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from app.api.bodies import read_json
 from app.api.deps import CalibrateDep
 from app.api.registry import register
+from app.api.route_table import CALIBRATE
 from lad_client.types import (
     CALIBRATE_EXAMPLE,
     MAX_CALIBRATION_EXAMPLES,
@@ -35,7 +36,7 @@ EXAMPLES = {
 }
 
 
-@register(router, "calibrate", description=DESCRIPTION, json_examples=EXAMPLES)
+@register(router, CALIBRATE, description=DESCRIPTION, json_examples=EXAMPLES)
 async def calibrate(request: Request, handler: CalibrateDep) -> CalibrateResponse:
-    body: CalibrateRequest = await read_json(request, CalibrateRequest)
+    body: CalibrateRequest = await read_json(request, CALIBRATE)
     return await handler(body)

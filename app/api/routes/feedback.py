@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from app.api.bodies import read_json
 from app.api.deps import FeedbackDep, RefreshDep
 from app.api.registry import register
+from app.api.route_table import FEEDBACK, REFRESH_PROFILE
 from app.api.routes.profiles import LabelsParam, NameParam, NParam
 from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
 
@@ -23,15 +24,15 @@ ForceParam = Annotated[
 ]
 
 
-@register(router, "feedback")
+@register(router, FEEDBACK)
 async def feedback(request: Request, handler: FeedbackDep) -> FeedbackResponse:
     """Adds the retrieval's evidence (kept LAD_EVIDENCE_TTL_S) to its profile's feedback
     statistics, once per request id; a repeat answers `counted: false`."""
-    body: FeedbackRequest = await read_json(request, FeedbackRequest)
+    body: FeedbackRequest = await read_json(request, FEEDBACK)
     return await handler(body)
 
 
-@register(router, "refresh_profile")
+@register(router, REFRESH_PROFILE)
 async def refresh_profile(
     name: NameParam,
     n: NParam,

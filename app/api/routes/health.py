@@ -6,19 +6,20 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.registry import register
+from app.api.route_table import HEALTHZ, METRICS, READYZ
 from lad_client.types import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@register(router, "healthz")
+@register(router, HEALTHZ)
 async def healthz() -> Health:
     return Health()
 
 
 @register(
     router,
-    "readyz",
+    READYZ,
     responses={
         503: {
             "model": Readiness,
@@ -38,7 +39,7 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 
 
-@register(router, "metrics")
+@register(router, METRICS)
 async def metrics(request: Request) -> Response:
     content, media_type = request.app.state.metrics.render()
     return Response(content, media_type=media_type)

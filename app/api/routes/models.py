@@ -6,11 +6,12 @@ from fastapi import APIRouter
 
 from app.api.deps import ServiceDep
 from app.api.registry import register
+from app.api.route_table import LIST_MODELS
 from lad_client.types import ModelList
 
 router = APIRouter(tags=["models"])
 
 
-@register(router, "list_models")
+@register(router, LIST_MODELS)
 async def list_models(service: ServiceDep) -> ModelList:
     return service.models()

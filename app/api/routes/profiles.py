@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from app.api.deps import ProfilesDep
 from app.api.registry import register
+from app.api.route_table import DELETE_PROFILE, GET_PROFILE, LIST_PROFILES, ROLLBACK_PROFILE
 from app.engine.labels import STORED_TEXT_PATTERN
 from lad_client.types import (
     MAX_VERSION,
@@ -47,24 +48,24 @@ VersionParam = Annotated[
 ]
 
 
-@register(router, "list_profiles")
+@register(router, LIST_PROFILES)
 async def list_profiles(handler: ProfilesDep) -> ProfileList:
     return await handler.list()
 
 
-@register(router, "get_profile")
+@register(router, GET_PROFILE)
 async def get_profile(name: NameParam, handler: ProfilesDep) -> ProfileSummary:
     return await handler.detail(name)
 
 
-@register(router, "delete_profile")
+@register(router, DELETE_PROFILE)
 async def delete_profile(
     name: NameParam, n: NParam, handler: ProfilesDep, labels: LabelsParam = "digits"
 ) -> ProfileDeleted:
     return await handler.delete(name, labels, n)
 
 
-@register(router, "rollback_profile")
+@register(router, ROLLBACK_PROFILE)
 async def rollback_profile(
     name: NameParam,
     n: NParam,

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from app.api.bodies import read_query_body
 from app.api.deps import RerankDep, SettingsDep
 from app.api.registry import Handler, register
-from lad_client.routes import RERANK_ALIASES
+from app.api.route_table import RERANK, RERANK_UNVERSIONED, RERANK_V2
 from lad_client.types import RerankResponse
 
 router = APIRouter(tags=["rerank"])
@@ -42,13 +42,14 @@ same call answers on POST /v1/rerank, /v2/rerank (Cohere's ClientV2) and /rerank
 
 def _register_everywhere(handler: Handler) -> Handler:
     """The handler under POST /v1/rerank and under each of its aliases' paths."""
-    for name in ("rerank", *(alias.name for alias in RERANK_ALIASES)):
-        register(router, name, description=DESCRIPTION)(handler)
+    for route in (RERANK, RERANK_V2, RERANK_UNVERSIONED):
+        register(router, route, description=DESCRIPTION)(handler)
     return handler
 
 
 @_register_everywhere
 async def rerank(request: Request, handler: RerankDep, settings: SettingsDep) -> JSONResponse:
-    options, query, documents = await read_query_body(request, settings)
+    most = settings.max_rerank_candidates
+    options, query, documents = await read_query_body(request, settings, RERANK, most)
     answer: RerankResponse = await handler(options, query, documents)
     return JSONResponse(answer.wire())  # a result's document absent, not null, unless asked

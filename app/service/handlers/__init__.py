@@ -1,6 +1,7 @@
-"""One handler per feature: retrieve, rerank, calibrate, feedback and refresh supply the
-hooks of the stages (``app.service.pipeline.STAGES``) that ``Pipeline.serve`` runs over one
-per-request context; profiles' store operations take no stages. ``Handlers`` holds one of
+"""One handler per feature: retrieve, rerank, calibrate, feedback and refresh each call
+their stages (``app.service.pipeline.STAGES``) in order, as plain code, each timed by
+``pipeline.stage``, over one per-request context; profiles' store operations take no
+stages. ``Handlers`` holds one of
 each; the routes get theirs through a dependency (``app.api.deps``)."""
 
 from __future__ import annotations

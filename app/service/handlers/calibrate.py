@@ -13,7 +13,7 @@ N, in waves that leave room for retrieval) -> debias (here: the estimate of B an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -30,7 +30,18 @@ from app.method.calibrate import (
 from app.method.calibration_diagnostics import calibration_diagnostics
 from app.method.methods import MethodConfig
 from app.observability import logs
-from app.service.pipeline import Context, Handler, Pipeline, ms_since
+from app.service.pipeline import (
+    DECODE,
+    ENCODE,
+    ESTIMATE,
+    PLAN,
+    RUN,
+    Context,
+    Handler,
+    Pipeline,
+    ms_since,
+    stage,
+)
 from calibration_store import Fingerprint, Profile
 from lad_client.types import CalibratedN, CalibrateRequest, CalibrateResponse
 
@@ -62,6 +73,14 @@ def calibration_record(
     }
 
 
+def recorded_hyperparameters(pipeline: Pipeline) -> dict[str, Any]:
+    """The hyper-parameters a profile records: the served ``MethodConfig`` (but its
+    ``use_prior`` ablation, always on in the service) and the prompt wording."""
+    config = asdict(pipeline.method_config)
+    del config["use_prior"]
+    return {**config, "prompt_variant": pipeline.settings.prompt_variant}
+
+
 def build_profile(
     pipeline: Pipeline,
     name: str,
@@ -77,7 +96,7 @@ def build_profile(
     stats = CalibrationStats.from_evidence(scores, attention, gt)
     calibration = estimate_from_stats(stats)
     layers = list(pipeline.runner.layers)
-    hyper = {**pipeline.settings.method_hyperparameters(), "num_examples": num_examples, **extra}
+    hyper = {**recorded_hyperparameters(pipeline), "num_examples": num_examples, **extra}
     return Profile.create(
         name=name,
         fingerprint=fingerprint,
@@ -101,7 +120,7 @@ class CalibrateContext(Context):
     fingerprints: dict[int, Fingerprint] = field(default_factory=dict)  # decode
     decoded: list[list[Any]] = field(default_factory=list)  # decode: per example
     instances: dict[int, tuple[list[Any], np.ndarray]] = field(default_factory=dict)  # plan
-    built: list[Profile] = field(default_factory=list)  # debias: one per N
+    built: list[Profile] = field(default_factory=list)  # estimate: one per N
 
     @property
     def several(self) -> bool:
@@ -113,14 +132,14 @@ class CalibrateContext(Context):
         return self.request
 
 
-class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
-    """The calibrate feature's hooks, counted by outcome (``invalid`` for the client's
-    errors)."""
+class Calibrate(Handler):
+    """The calibrate feature: decode, plan (the rotations), run, estimate (B and P),
+    encode (the new versions); counted by outcome (``invalid`` for the client's errors)."""
 
     async def __call__(self, request: CalibrateRequest) -> CalibrateResponse:
         metrics = self.pipeline.metrics
         try:
-            response = await self.pipeline.serve(self, CalibrateContext(request=request))
+            response = await self._stages(CalibrateContext(request=request))
         except errors.ServiceError as exc:
             client_error = type(exc).status < 500 and not isinstance(exc, errors.Overloaded)
             metrics.calibrations.labels(outcome="invalid" if client_error else "error").inc()
@@ -130,6 +149,23 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
             raise
         metrics.calibrations.labels(outcome="success").inc()
         metrics.calibration_duration.observe(response.duration_s)
+        return response
+
+    async def _stages(self, ctx: CalibrateContext) -> CalibrateResponse:
+        try:
+            with stage(ctx, DECODE):
+                await self.decode(ctx)
+            with stage(ctx, PLAN):
+                self.plan(ctx)
+            with stage(ctx, RUN):
+                await self.run(ctx)
+            with stage(ctx, ESTIMATE):
+                self.estimate(ctx)
+            with stage(ctx, ENCODE):
+                response = await self.encode(ctx)
+        finally:  # the bytes fetched by URL leave the budget with the request
+            self.pipeline.release(ctx)
+        self.pipeline.finish(ctx)
         return response
 
     # -------------------------------------------------------------------- decode
@@ -200,7 +236,7 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
             )
 
     # -------------------------------------------------------------------- plan, run
-    async def plan(self, ctx: CalibrateContext) -> None:
+    def plan(self, ctx: CalibrateContext) -> None:
         """Every N's rotated instances (an example cut to its GT and N - 1 negatives)."""
         request = ctx._request()
         decoded = zip(request.examples, ctx.decoded, strict=True)
@@ -216,8 +252,8 @@ class Calibrate(Handler[CalibrateContext, CalibrateResponse]):
         ]
         ctx.results = await self.pipeline.forward(ctx, works, bulk=True)
 
-    # -------------------------------------------------------------------- debias (estimate)
-    async def debias(self, ctx: CalibrateContext) -> None:
+    # -------------------------------------------------------------------- estimate
+    def estimate(self, ctx: CalibrateContext) -> None:
         """B and P of every N from its instances' evidence."""
         request, results = ctx._request(), iter(ctx.results)
         extra = {

@@ -26,7 +26,16 @@ from app.method.calibrate import CalibrationStats
 from app.method.refresh import RefreshOutcome, online_stats, refresh_calibration
 from app.observability import logs
 from app.service.online import OnlineService
-from app.service.pipeline import Context, Handler, Pipeline
+from app.service.pipeline import (
+    DECODE,
+    ENCODE,
+    ESTIMATE,
+    PLAN,
+    Context,
+    Handler,
+    Pipeline,
+    stage,
+)
 from calibration_store import Evidence, Profile, ProfileKey
 from calibration_store.evidence import COUNTED, DUPLICATE, PROFILE_GONE, FeedbackSnapshot
 from lad_client.types import FeedbackRequest, FeedbackResponse, RefreshResponse
@@ -46,13 +55,14 @@ class RefreshContext(Context):
     force: bool = False
     live: Profile | None = None  # plan
     snap: FeedbackSnapshot | None = None  # plan
-    feedback: CalibrationStats | None = None  # debias
-    outcome: RefreshOutcome | None = None  # debias
-    provenance: dict[str, Any] = field(default_factory=dict)  # debias
+    feedback: CalibrationStats | None = None  # estimate
+    outcome: RefreshOutcome | None = None  # estimate
+    provenance: dict[str, Any] = field(default_factory=dict)  # estimate
 
 
-class Refresh(Handler[RefreshContext, RefreshResponse]):
-    """The refresh feature's hooks (the operator's POST, or feedback's automatic one)."""
+class Refresh(Handler):
+    """The refresh feature (the operator's POST, or feedback's automatic one): plan (the
+    live version and its feedback), estimate (the blend, judged), encode."""
 
     def __init__(self, pipeline: Pipeline, online: OnlineService) -> None:
         super().__init__(pipeline)
@@ -65,7 +75,15 @@ class Refresh(Handler[RefreshContext, RefreshResponse]):
         return await self.of(key, force)
 
     async def of(self, key: ProfileKey, force: bool) -> RefreshResponse:
-        return await self.pipeline.serve(self, RefreshContext(key=key, force=force))
+        ctx = RefreshContext(key=key, force=force)
+        with stage(ctx, PLAN):
+            await self.plan(ctx)
+        with stage(ctx, ESTIMATE):
+            self.estimate(ctx)
+        with stage(ctx, ENCODE):
+            response = await self.encode(ctx)
+        self.pipeline.finish(ctx)
+        return response
 
     async def plan(self, ctx: RefreshContext) -> None:
         """The live version (it must keep its offline sums) and its feedback."""
@@ -84,7 +102,7 @@ class Refresh(Handler[RefreshContext, RefreshResponse]):
         ctx.live = live
         ctx.snap = await self.online.call(self.online.online.snapshot, key, len(live.layers))
 
-    async def debias(self, ctx: RefreshContext) -> None:
+    def estimate(self, ctx: RefreshContext) -> None:
         """The blend of offline and feedback sums, judged against the live version."""
         live, snap, settings = ctx.live, ctx.snap, self.pipeline.settings
         assert live is not None and snap is not None and live.calibration_statistics is not None
@@ -190,8 +208,9 @@ class FeedbackContext(Context):
     exists: bool = False  # plan
 
 
-class Feedback(Handler[FeedbackContext, FeedbackResponse]):
-    """The feedback feature's hooks; every LAD_FEEDBACK_REFRESH_EVERY counted feedback
+class Feedback(Handler):
+    """The feedback feature: decode (the evidence), plan (its profile), encode (counted);
+    every LAD_FEEDBACK_REFRESH_EVERY counted feedback
     triggers the automatic refresh (one replica claims it)."""
 
     def __init__(self, pipeline: Pipeline, online: OnlineService, refresh: Refresh) -> None:
@@ -202,7 +221,15 @@ class Feedback(Handler[FeedbackContext, FeedbackResponse]):
     async def __call__(self, body: FeedbackRequest) -> FeedbackResponse:
         """Adds the retrieval's evidence to its profile's feedback statistics, once per
         request id (a repeat answers ``counted: false``)."""
-        return await self.pipeline.serve(self, FeedbackContext(body=body))
+        ctx = FeedbackContext(body=body)
+        with stage(ctx, DECODE):
+            await self.decode(ctx)
+        with stage(ctx, PLAN):
+            await self.plan(ctx)
+        with stage(ctx, ENCODE):
+            response = await self.encode(ctx)
+        self.pipeline.finish(ctx)
+        return response
 
     def _body(self, ctx: FeedbackContext) -> FeedbackRequest:
         assert ctx.body is not None

@@ -39,9 +39,20 @@ from app import errors
 from app.method.methods import NEEDS_CALIBRATION, passes
 from app.method.tournament import Tournament, choose_rule, window_sizes
 from app.observability import logs
+from app.observability.request_context import REQUEST_ID
 from app.service.decode import ImageInput
 from app.service.decode.decoder import EncodedImage
-from app.service.pipeline import Context, Handler, ms_since
+from app.service.pipeline import (
+    DEBIAS,
+    DECODE,
+    ENCODE,
+    PLAN,
+    RUN,
+    Context,
+    Handler,
+    ms_since,
+    stage,
+)
 from lad_client.types import (
     RerankBilledUnits,
     RerankMeta,
@@ -122,8 +133,8 @@ class RerankContext(Context):
         return len(self.inputs)
 
 
-class Rerank(Handler[RerankContext, RerankResponse]):
-    """The rerank feature's hooks."""
+class Rerank(Handler):
+    """The rerank feature: decode, plan, run (the rounds), debias (the ranking), encode."""
 
     async def __call__(
         self, options: RerankOptions, query: str, documents: Sequence[ImageInput]
@@ -139,7 +150,21 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             ctx.inputs = documents
             if options.return_documents:  # a form's file parts (bytes) echo in base64
                 ctx.sent = [as_sent(d) for d in documents]
-        return await self.pipeline.serve(self, ctx)
+        try:
+            with stage(ctx, DECODE):
+                await self.decode(ctx)
+            with stage(ctx, PLAN):
+                await self.plan(ctx)
+            with stage(ctx, RUN):
+                await self.run(ctx)
+            with stage(ctx, DEBIAS):
+                self.debias(ctx)
+            with stage(ctx, ENCODE):
+                response = self.encode(ctx)
+        finally:  # the bytes fetched by URL leave the budget with the request
+            self.pipeline.release(ctx)
+        response.meta.timings_ms.update(self.pipeline.finish(ctx))
+        return response
 
     def _options(self, ctx: RerankContext) -> RerankOptions:
         assert ctx.options is not None
@@ -330,7 +355,7 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         ctx.add("debias", ms_since(started))
         return probabilities
 
-    async def debias(self, ctx: RerankContext) -> None:
+    def debias(self, ctx: RerankContext) -> None:
         """The tournament's ranking and relevance across windows."""
         if ctx.n == 1:
             ctx.scores, ctx.ranking = np.ones(1), [0]
@@ -340,7 +365,7 @@ class Rerank(Handler[RerankContext, RerankResponse]):
         ctx.ranking = ctx.tournament.ranking()
 
     # -------------------------------------------------------------------- encode
-    async def encode(self, ctx: RerankContext) -> RerankResponse:
+    def encode(self, ctx: RerankContext) -> RerankResponse:
         assert ctx.scores is not None and ctx.ranking is not None
         assert ctx.tokens is not None and ctx.rounds is not None
         options, pipeline, n, scores = self._options(ctx), self.pipeline, ctx.n, ctx.scores
@@ -367,7 +392,7 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             billed_units=RerankBilledUnits(images=n, input_tokens=tokens),
             timings_ms={},
         )
-        request_id = errors.REQUEST_ID.get() or secrets.token_hex(16)
+        request_id = REQUEST_ID.get() or secrets.token_hex(16)
         return RerankResponse(
             id=f"rerank-{request_id}",
             model=pipeline.model_id,
@@ -377,6 +402,3 @@ class Rerank(Handler[RerankContext, RerankResponse]):
             results=results,
             meta=meta,
         )
-
-    def timings_of(self, response: RerankResponse) -> dict[str, float]:
-        return response.meta.timings_ms

@@ -17,9 +17,20 @@ from app import errors
 from app.method import debias
 from app.method.methods import MethodOutput, passes
 from app.observability import logs
+from app.observability.request_context import REQUEST_ID
 from app.service.decode import ImageInput
 from app.service.online import OnlineService
-from app.service.pipeline import Context, Handler, Pipeline
+from app.service.pipeline import (
+    DEBIAS,
+    DECODE,
+    ENCODE,
+    PLAN,
+    RUN,
+    Context,
+    Handler,
+    Pipeline,
+    stage,
+)
 from lad_client.types import ProfileRef, RetrieveDetails, RetrieveOptions, RetrieveResponse
 
 
@@ -37,8 +48,8 @@ class RetrieveContext(Context):
         return len(self.inputs)
 
 
-class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
-    """The retrieve feature's hooks."""
+class Retrieve(Handler):
+    """The retrieve feature: decode, plan, run, debias, encode."""
 
     def __init__(self, pipeline: Pipeline, online: OnlineService) -> None:
         super().__init__(pipeline)
@@ -47,9 +58,24 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
     async def __call__(
         self, options: RetrieveOptions, query: str, images: Sequence[ImageInput]
     ) -> RetrieveResponse:
-        """The whole pipeline for one retrieval."""
+        """One retrieval, its stages in order."""
         ctx = RetrieveContext(method=options.method, options=options, query=query, inputs=images)
-        return await self.pipeline.serve(self, ctx)
+        try:
+            with stage(ctx, DECODE):
+                await self.decode(ctx)
+            with stage(ctx, PLAN):
+                await self.plan(ctx)
+            with stage(ctx, RUN):
+                await self.run(ctx)
+            with stage(ctx, DEBIAS):
+                self.debias(ctx)
+            with stage(ctx, ENCODE):
+                response = await self.encode(ctx)
+        finally:  # the bytes fetched by URL leave the budget with the request
+            self.pipeline.release(ctx)
+        response.timings_ms.update(self.pipeline.finish(ctx))
+        self.observe(ctx)
+        return response
 
     def _options(self, ctx: RetrieveContext) -> RetrieveOptions:
         assert ctx.options is not None
@@ -109,7 +135,7 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
         )
         ctx.results = await self.pipeline.forward(ctx, works, bulk=False)
 
-    async def debias(self, ctx: RetrieveContext) -> None:
+    def debias(self, ctx: RetrieveContext) -> None:
         ctx.out = self.pipeline.debias(ctx.method, ctx.results, ctx.calibrations.get(ctx.n))
 
     async def encode(self, ctx: RetrieveContext) -> RetrieveResponse:
@@ -155,17 +181,14 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
             model=pipeline.model_id,
             timings_ms={},
             details=details,
-            request_id=errors.REQUEST_ID.get(),
+            request_id=REQUEST_ID.get(),
         )
         key = pipeline.key(self._options(ctx).profile, labels)
         version = stored.version if stored else None
         await self.online.remember(response.request_id, key, version, s, a)
         return response
 
-    def timings_of(self, response: RetrieveResponse) -> dict[str, float]:
-        return response.timings_ms
-
-    def observe(self, ctx: RetrieveContext, response: RetrieveResponse) -> None:
+    def observe(self, ctx: RetrieveContext) -> None:
         """The overhead ratio on this request's share of its batches."""
         forward = sum(r.forward_ms / r.batch_size for r in ctx.results)
         score = sum(r.score_ms / r.batch_size for r in ctx.results)

@@ -1,10 +1,11 @@
 """The one table of the service's HTTP routes: for each, what a client and the server must
 agree on (path, method, token, body, error codes, response), and what the server does at
-its edge (body limit, audit line).
+its edge (audit line). The server's limits (how large a body, how many images) live in the
+server (``app.api.route_table``), not here.
 
 Pure data, standard library only: the clients take each call's method, path and token
 from it (``lad_client.calls``), and on the server the route decorators
-(``app.api.registry``), the body guard's limits (``app.api.middleware``), the OpenAPI error
+(``app.api.registry``), the body guard (``app.api.route_table``), the OpenAPI error
 and request-body docs (``app.api.route_errors``, ``app.api.openapi``), the audit log
 (``app.observability.logs``) and the content-type check (``app.api.bodies``) are all derived from
 ``ROUTES``. Error codes are the wire codes (``app.errors`` maps each to its class and HTTP
@@ -23,9 +24,6 @@ admin: LAD_ADMIN_TOKEN when set."""
 
 JSON = "application/json"
 FORM = "multipart/form-data"
-
-SMALL_BODY_BYTES = 64 * 1024
-"""Body limit of every route whose ``body_limit`` is None (the routes that take no body)."""
 
 
 @dataclass(frozen=True)
@@ -55,22 +53,11 @@ class Route:
     form_labels: bool = False
     """Whether the form's ``labels`` field is label text: a scheme name, a JSON list or a
     comma list of the N labels (a JSON body sends a list as a list)."""
-    file_limit: str | None = None
-    """The Settings attribute that bounds how many images the body carries."""
-    body_limit: str | None = None
-    """The Settings attribute that bounds the body (None: SMALL_BODY_BYTES)."""
     audit: str | None = None
     """The audited admin action (an ``lad.audit`` line per request), or None."""
     alias_of: str | None = None
     """The route whose handler also serves this path (another API's path for the same
     call, e.g. Cohere v2's /v2/rerank for rerank), or None."""
-
-    @property
-    def limit_setting(self) -> str:
-        """The environment variable of the body limit, as error messages name it."""
-        if self.body_limit is None:
-            return "fixed for routes without a body"
-        return "LAD_" + self.body_limit.upper()
 
 
 # error codes shared by groups of routes
@@ -123,8 +110,6 @@ RERANK = Route(
     request="RerankRequest",
     form_files="documents",
     form_options="RerankOptions",
-    file_limit="max_rerank_candidates",
-    body_limit="max_body_bytes",
 )
 
 RERANK_ALIASES = tuple(
@@ -152,8 +137,6 @@ ROUTES: tuple[Route, ...] = (
         form_files="images",
         form_options="RetrieveOptions",
         form_labels=True,
-        file_limit="max_images",
-        body_limit="max_body_bytes",
     ),
     RERANK,
     *RERANK_ALIASES,
@@ -167,7 +150,6 @@ ROUTES: tuple[Route, ...] = (
         auth="admin",
         content_types=(JSON,),
         request="CalibrateRequest",
-        body_limit="max_calibrate_body_bytes",
         audit="calibrate",
     ),
     Route(

@@ -1,12 +1,11 @@
-"""The handlers called directly, without HTTP: the stage runner's order and timings on a
-toy handler, then retrieve, rerank, calibrate, feedback and refresh over a real Service
+"""The handlers called directly, without HTTP: the stage timer's order and timings, then
+retrieve, rerank, calibrate, feedback and refresh over a real Service
 (tiny Qwen, memory store), each answering its wire schema or the service's own error."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,19 @@ import pytest
 from app import errors
 from app.observability.metrics import Metrics
 from app.service import Service
-from app.service.pipeline import STAGES, TIMINGS, Context, Handler
+from app.service.pipeline import (
+    DEBIAS,
+    DECODE,
+    ENCODE,
+    FETCH,
+    PLAN,
+    RETRIEVAL_STAGES,
+    RUN,
+    STAGE_KEYS,
+    TIMINGS,
+    Context,
+    stage,
+)
 from app.settings import Settings
 from calibration_store import open_store
 from lad_client.types import (
@@ -29,76 +40,61 @@ from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import b64, calibration_body, png_bytes
 
 
-class Recording(Handler[Context, dict[str, float]]):
-    """A feature whose hooks note their order and take a known stage's time."""
-
-    def __init__(self, pipeline: Any) -> None:
-        super().__init__(pipeline)
-        self.order: list[str] = []
-        self.wire: dict[str, float] = {}
-
-    async def decode(self, ctx: Context) -> None:
-        self.order.append("decode")
-        ctx.timings["base64"] = 0.5
-
-    async def plan(self, ctx: Context) -> None:
-        self.order.append("plan")
-
-    async def run(self, ctx: Context) -> None:
-        self.order.append("run")
-        for key in ("queue", "process", "forward", "score"):
-            ctx.add(key, 1.0)
-
-    async def debias(self, ctx: Context) -> None:
-        self.order.append("debias")
-
-    async def encode(self, ctx: Context) -> dict[str, float]:
-        self.order.append("encode")
-        return self.wire
-
-    def timings_of(self, response: dict[str, float]) -> dict[str, float]:
-        return response
-
-
 class _Pipeline:
-    """What ``Pipeline.serve`` reads besides its handler: the metrics."""
+    """What ``Pipeline.finish`` reads: the metrics."""
 
     def __init__(self) -> None:
         self.metrics = Metrics()
 
 
-def test_the_runner_runs_every_stage_in_order_and_times_it_under_the_one_vocabulary() -> None:
+def test_the_stages_are_timed_in_order_under_the_one_vocabulary() -> None:
+    """A feature's stages called as plain code, each inside ``stage``: the retrieval
+    stages give every TIMINGS key, in the tuple's order, and each is counted once."""
     from app.service.pipeline import Pipeline
 
     pipeline: Any = _Pipeline()
-    handler = Recording(pipeline)
-    wire = asyncio.run(Pipeline.serve(pipeline, handler, Context(method="vanilla")))
-    assert handler.order == [s.name for s in STAGES if s.inside is None]  # fetch: in decode
+    ctx = Context(method="vanilla")
+    order: list[str] = []
+    for which in (DECODE, PLAN, RUN, DEBIAS, ENCODE):
+        with stage(ctx, which):
+            order.append(which.name)
+            if which is DECODE:
+                ctx.timings["base64"] = 0.5
+            if which is RUN:
+                for key in ("queue", "process", "forward", "score"):
+                    ctx.add(key, 1.0)
+    wire = Pipeline.finish(pipeline, ctx)
+    assert order == [s.name for s in RETRIEVAL_STAGES if s.inside is None]  # fetch: in decode
     assert tuple(wire) == TIMINGS  # every key, in the tuple's order, nothing else
+    assert "estimate" in STAGE_KEYS and "estimate" not in TIMINGS  # admin features only
     text = pipeline.metrics.render()[0].decode()
     for key in TIMINGS:
         assert f'lad_stage_duration_seconds_count{{method="vanilla",stage="{key}"}} 1.0' in text
     with pytest.raises(AssertionError):
         Context().add("total", 1.0)  # not a stage key
-
-
-class Fetching(Recording):
-    """A decode hook that runs the fetch stage inside it (as the features do for URLs)."""
-
-    async def decode(self, ctx: Context) -> None:
-        started = time.perf_counter()
-        await asyncio.sleep(0.05)
-        ctx.add("fetch", (time.perf_counter() - started) * 1e3)
+    failed = Context()
+    with pytest.raises(RuntimeError), stage(failed, DECODE):
+        raise RuntimeError("a stage that raises is not recorded")
+    assert failed.timings == {}
 
 
 def test_a_stage_run_inside_another_is_reported_apart_from_it() -> None:
     from app.service.pipeline import Pipeline
 
     pipeline: Any = _Pipeline()
-    wire = asyncio.run(Pipeline.serve(pipeline, Fetching(pipeline), Context(method="vanilla")))
+
+    async def decode_with_a_fetch(ctx: Context) -> None:
+        with stage(ctx, DECODE), stage(ctx, FETCH):  # as the features do for URLs
+            await asyncio.sleep(0.05)
+
+    ctx = Context(method="vanilla")
+    asyncio.run(decode_with_a_fetch(ctx))
+    wire = Pipeline.finish(pipeline, ctx)
     assert wire["fetch"] >= 50 and wire["decode"] < 25  # the fetch is not decode's time
-    wire = asyncio.run(Pipeline.serve(pipeline, Recording(pipeline), Context(method="vanilla")))
-    assert wire["fetch"] == 0.0  # nothing to fetch: present, at 0
+    plain = Context(method="vanilla")
+    with stage(plain, DECODE):
+        pass
+    assert Pipeline.finish(pipeline, plain)["fetch"] == 0.0  # nothing to fetch: present, at 0
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +151,35 @@ def test_retrieve_rerank_calibrate_feedback_refresh_without_http(
             await handlers.refresh("default", "[1,", 3, False)
 
     asyncio.run(scenario())
+
+
+def test_an_agd_retrieve_resolves_its_labels_once(
+    service: Service, items: list[RetrievalExample], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels are resolved (and their token trie built or looked up) once per request,
+    in decode; every later stage reads the resolved ``Labels`` it was handed."""
+    import app.engine.labels as labels_module
+    import app.engine.runner as runner_module
+
+    handlers, item = service.handlers, items[0]
+    images = [b64(img) for img in item.images]
+    body = calibration_body(make_items(5, n_candidates=3, seed="calibration", image_size=56))
+    asyncio.run(handlers.calibrate(CalibrateRequest.model_validate(body)))
+    calls: list[str] = []
+
+    def counted(name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for module in (labels_module, runner_module):
+        monkeypatch.setattr(
+            module, "resolve_labels", counted("resolve", labels_module.resolve_labels)
+        )
+    runner = service.pipeline.runner
+    monkeypatch.setattr(runner, "label_trie", counted("trie", runner.label_trie))
+    answer = asyncio.run(handlers.retrieve(RetrieveOptions(method="agd"), item.query, images))
+    assert answer.debiased and answer.method == "agd"
+    assert calls == ["resolve", "trie"], calls
