@@ -60,14 +60,12 @@ class Retrieve(Handler[RetrieveContext, RetrieveResponse]):
         then the images off the event loop."""
         options, pipeline = self._options(ctx), self.pipeline
         logs.note(
-            method=options.method,
-            requested_method=options.method,
-            n=ctx.n,
-            profile=options.profile,
-            labels=options.labels if isinstance(options.labels, str) else "custom",
+            method=options.method, requested_method=options.method, n=ctx.n, profile=options.profile
         )
         pipeline.decoder.query(ctx.query)
         ctx.labels[ctx.n] = pipeline.labels(ctx.n, options.labels, "images")
+        # logged once valid: a refused value is named by its error, never in the log
+        logs.note(labels=options.labels if isinstance(options.labels, str) else "custom")
         async with pipeline.decoder.slot():
             ctx.images = await run_in_threadpool(
                 pipeline.decoder.images, ctx.inputs, "images", ctx.timings
