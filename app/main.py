@@ -108,6 +108,7 @@ def create_app(
             yield
         finally:
             app.state.service = None
+            await service.online.writes.close()  # the evidence still queued, briefly
             service.stop()
             online.close()
             if store is None:
