@@ -3,11 +3,12 @@
 A retrieval keeps its evidence for feedback (DESIGN §2.8) by handing it to this bounded
 queue and answering at once; one background task writes the queue to the store in order.
 When the store is slow the queue fills and new evidence is dropped (``queue_full``); when a
-write fails the evidence is dropped (``store_error``) and so is every offer for
-``EVIDENCE_PAUSE_S`` (``paused``): a store that is down costs the writer one timeout per
-pause, not one per request. Each drop is counted in ``lad_store_writes_dropped_total{reason}``
-and remembered (the last ``LOST_KEPT`` request ids, with the store's reason), so feedback
-for such a request answers 503 with that reason instead of 404 ``request_not_found``.
+write fails the evidence is dropped (``store_error``) and so is every write offered or still
+queued for ``EVIDENCE_PAUSE_S`` (``paused``): a store that is down costs the writer one
+timeout per pause, not one per request. Each drop is counted in
+``lad_store_writes_dropped_total{reason}`` and remembered (the last ``LOST_KEPT`` request
+ids, with the store's reason), so feedback for such a request answers 503 with that reason
+instead of 404 ``request_not_found``.
 
 Feedback sent just after its retrieval waits (at most ``SETTLE_S``) for that request's
 write, so the queue never turns a prompt feedback into a 404 on this replica.
@@ -107,6 +108,9 @@ class EvidenceWrites:
         while True:
             request_id, evidence, done = await self._queue.get()
             try:
+                if time.monotonic() < self._paused_until:  # queued before the failure
+                    self._drop("paused", request_id, self._pause_reason)
+                    continue
                 await run_in_threadpool(self.online.put_evidence, request_id, evidence)
             except StoreError as exc:
                 self._paused_until = time.monotonic() + EVIDENCE_PAUSE_S
