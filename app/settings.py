@@ -91,13 +91,15 @@ class Settings(BaseSettings):
         gt=0,
         le=3600,
         description="with retention: a busy model worker (never idle) still gives freed "
-        "memory back after a batch once this many seconds have passed since the last release",
+        "memory back after a batch once this many seconds (and 8 batches) have passed since "
+        "the last release",
     )
     host_memory_trim_above_mb: float = Field(
-        512,
+        1024,
         gt=0,
         description="with retention: give freed memory back after any batch that leaves "
-        "resident memory this many MiB above where the last release left it",
+        "resident memory this many MiB above where the last release left it (keep it above "
+        "one forward's working set, or every batch releases)",
     )
     trust_remote_code: bool = Field(
         False,

@@ -10,8 +10,10 @@ Policies (``app.engine.host_memory``): ``retain`` (the service's default), ``map
 (``LAD_HOST_MEMORY_RETAIN_S=0``, the service's policy before) and ``glibc`` (glibc's own
 defaults, which the in-process benchmarks ran under), and ``retain_scheduled``: retention
 with the busy worker's release schedule (``ReleaseSchedule`` after every forward, inside its
-timed wall, as the model worker runs it; ``--trim-every-s``, ``--trim-above-mb``), which shows
-what releasing under traffic costs the retention's gain. Paired ratios are per round, each
+timed wall, as the model worker runs it; ``--trim-every-s``, ``--trim-above-mb``,
+``--trim-min-batches``), which shows what releasing under traffic costs the retention's
+gain (``--trim-every-s 0.001 --trim-min-batches 1``: a release after every forward, the
+price of one release on each). Paired ratios are per round, each
 policy's median forward over ``map_apart``'s.
 """
 
@@ -57,7 +59,9 @@ def child(args: Any) -> dict[str, Any]:
     ]
     rows: list[dict[str, float]] = []
     schedule = (
-        host_memory.ReleaseSchedule(args.trim_every_s, int(args.trim_above_mb * MIB))
+        host_memory.ReleaseSchedule(
+            args.trim_every_s, int(args.trim_above_mb * MIB), min_batches=args.trim_min_batches
+        )
         if args.child == SCHEDULED
         else None
     )
@@ -172,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         "--trim-every-s", type=float, default=5.0, help=f"{SCHEDULED}: release period (s)"
     )
     parser.add_argument(
-        "--trim-above-mb", type=float, default=512, help=f"{SCHEDULED}: release trigger (MiB)"
+        "--trim-above-mb", type=float, default=1024, help=f"{SCHEDULED}: release trigger (MiB)"
+    )
+    parser.add_argument(
+        "--trim-min-batches",
+        type=int,
+        default=host_memory.RELEASE_MIN_BATCHES,
+        help=f"{SCHEDULED}: forwards between releases at least (1: after every forward, "
+        "the worst case)",
     )
     parser.add_argument("--child", choices=BENCH_POLICIES, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -204,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "n": args.n,
         "side": args.side,
+        "schedule": {
+            "trim_every_s": args.trim_every_s,
+            "trim_above_mb": args.trim_above_mb,
+            "trim_min_batches": args.trim_min_batches,
+        },
         **result,
     }
     record["table"] = render(record)

@@ -23,10 +23,13 @@ class Fake:
         self.rss = 800 * MIB  # what a release leaves
         return True
 
-    def schedule(self, every_s: float = 5.0, above_mb: int = 512) -> ReleaseSchedule:
+    def schedule(
+        self, every_s: float = 5.0, above_mb: int = 512, min_batches: int = 8
+    ) -> ReleaseSchedule:
         return ReleaseSchedule(
             every_s,
             above_mb * MIB,
+            min_batches=min_batches,
             release=self.release,
             clock=lambda: self.now,
             resident=lambda: self.rss,
@@ -41,6 +44,18 @@ def test_a_steady_stream_is_released_once_per_period() -> None:
         fake.rss = 1100 * MIB  # the forwards' freed pages, kept
         schedule.after_batch()
     assert fake.released == schedule.releases == 10  # 50 s of traffic, one per 5 s
+
+
+def test_long_forwards_release_once_in_min_batches() -> None:
+    """Forwards of 10 s: the period passes after each, yet at most one forward in eight
+    follows a release (and pays its page faults)."""
+    fake = Fake()
+    schedule = fake.schedule(every_s=5.0, min_batches=8)
+    for _ in range(80):
+        fake.now += 10.0
+        fake.rss = 1200 * MIB  # one forward's working set (400 MiB), under the trigger
+        schedule.after_batch()
+    assert fake.released == 10
 
 
 def test_a_burst_above_the_trigger_is_released_after_its_batch() -> None:
@@ -58,7 +73,7 @@ def test_a_burst_above_the_trigger_is_released_after_its_batch() -> None:
 
 def test_the_idle_release_restarts_the_period() -> None:
     fake = Fake()
-    schedule = fake.schedule(every_s=5.0)
+    schedule = fake.schedule(every_s=5.0, min_batches=1)
     fake.now += 4.0
     schedule.release()  # the idle hook
     fake.now += 4.0
@@ -67,7 +82,7 @@ def test_the_idle_release_restarts_the_period() -> None:
     assert schedule.after_batch() and fake.released == 2
 
 
-@pytest.mark.parametrize(("every_s", "above"), [(0, 1), (1, 0), (-1, 1)])
-def test_a_schedule_needs_a_period_and_a_trigger(every_s: float, above: int) -> None:
+@pytest.mark.parametrize(("every_s", "above", "batches"), [(0, 1, 1), (1, 0, 1), (1, 1, 0)])
+def test_a_schedule_needs_a_period_and_a_trigger(every_s: float, above: int, batches: int) -> None:
     with pytest.raises(ValueError):
-        ReleaseSchedule(every_s, above)
+        ReleaseSchedule(every_s, above, min_batches=batches)
