@@ -112,6 +112,7 @@ def create_app(
             yield
         finally:
             app.state.service = None
+            await service.online.writes.close()  # the evidence still queued, briefly
             service.stop()
             await service.pipeline.media.aclose()  # the image-URL connections, if any
             online.close()

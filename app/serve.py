@@ -17,6 +17,10 @@ included: the model worker stops only after the last request) and exits within
 re-raise the signal after its shutdown so that the process dies *by* SIGTERM; here a
 completed drain exits 0, which PID 1 (for which the kernel ignores SIGTERM's default
 action) needs in order to exit at all.
+
+SIGHUP (a closed terminal, or an operator used to daemons that reload on it) changes
+nothing: `lad serve` reloads no settings (restart it to change them), so the signal is
+logged and ignored from the start of `main`, and no request is dropped.
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ ENV_ONLY = frozenset({"retrieve_token", "admin_token"})
 """Settings that are never flags: secrets would be visible in the process list."""
 
 
+def _hangup(sig: int, frame: Any) -> None:
+    log.info("received SIGHUP: ignored (lad serve reloads nothing; restart it to apply settings)")
+
+
+def ignore_hangup() -> None:
+    """Log and ignore SIGHUP (module docstring); only the main thread can set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, _hangup)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One flag per setting, with its environment variable and default in the help."""
     parser = command_parser(
@@ -115,6 +129,7 @@ def settings_from(argv: list[str] | None) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     """`lad serve`: settings, logging, the port, the model, then the server until a signal;
     an :data:`EXIT_CODES` status."""
+    ignore_hangup()
     try:
         settings = settings_from(argv)
     except ValidationError as exc:
@@ -212,6 +227,7 @@ class DrainingServer(uvicorn.Server):
             yield
             return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _hangup)
         try:
             yield
         finally:

@@ -225,6 +225,21 @@ class ModelSettings(BaseSettings):
         "given back to the OS; 0: blocks of 1 MiB or more are mapped apart and returned when "
         "freed (docs/benchmarks.md)",
     )
+    host_memory_trim_every_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="with retention: a busy model worker (never idle) still gives freed "
+        "memory back after a batch once this many seconds (and 8 batches) have passed since "
+        "the last release",
+    )
+    host_memory_trim_above_mb: float = Field(
+        1024,
+        gt=0,
+        description="with retention: give freed memory back after any batch that leaves "
+        "resident memory this many MiB above where the last release left it (keep it above "
+        "one forward's working set, or every batch releases)",
+    )
     trust_remote_code: bool = Field(
         False,
         description="run the Python code a checkpoint ships (model families outside "

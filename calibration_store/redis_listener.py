@@ -3,6 +3,12 @@ pub/sub messages reload one key, every (re)subscription and a periodic poll re-r
 
 Pub/sub drops messages while a subscriber is disconnected, hence the re-read on every
 subscription (redis-py resubscribes after a reconnect) and the poll.
+
+A lost link is retried with exponential backoff and jitter (redis-py's
+``EqualJitterBackoff``: ``reconnect_delay`` doubled per failure up to ``RECONNECT_CAP_S``,
+each wait drawn from its upper half), one warning per attempt: a wrong password or a
+Redis that is gone for long costs a connection and a log line every ``RECONNECT_CAP_S`` at
+most, not every ``reconnect_delay``. The first message or poll that succeeds resets it.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.backoff import EqualJitterBackoff
 from redis.exceptions import RedisError
 
 from calibration_store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+RECONNECT_CAP_S = 30.0
+"""Longest wait between two reconnection attempts."""
 
 
 class ChangeListener:
@@ -42,6 +52,8 @@ class ChangeListener:
         self.sync, self.reload, self.lost = sync, reload, lost
         self.poll_interval, self.reconnect_delay = poll_interval, reconnect_delay
         self.subscriptions = 0
+        self.failures = 0  # attempts failed in a row (the backoff's exponent)
+        self.backoff = EqualJitterBackoff(cap=RECONNECT_CAP_S, base=reconnect_delay)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,21 +87,34 @@ class ChangeListener:
                 msg = pubsub.get_message(timeout=0.25)
                 if msg is not None:
                     self._on_message(msg)
+                    self.failures = 0
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_interval
                     self.sync()
+                    self.failures = 0
             except (RedisError, StoreUnavailable, OSError) as exc:
                 self.lost(f"listener: {exc}")
-                log.warning("profile store listener lost Redis (%s); reconnecting", exc)
+                delay = self._next_delay()
+                log.warning(
+                    "profile store listener lost Redis (%s); reconnecting in %.1f s (attempt %d)",
+                    exc,
+                    delay,
+                    self.failures,
+                )
                 if pubsub is not None:
                     _close(pubsub)
                     pubsub = None
-                self._stop.wait(self.reconnect_delay)
+                self._stop.wait(delay)
             except Exception:  # never let the thread die silently
                 log.exception("profile store listener error")
-                self._stop.wait(self.reconnect_delay)
+                self._stop.wait(self._next_delay())
         if pubsub is not None:
             _close(pubsub)
+
+    def _next_delay(self) -> float:
+        """The wait before the next attempt: exponential in the failures in a row, jittered."""
+        self.failures += 1
+        return float(self.backoff.compute(self.failures - 1))
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "subscribe":  # first subscription or redis-py's auto-resubscribe

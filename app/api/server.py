@@ -16,7 +16,12 @@ instead ``GuardedH11Protocol``
   Transfer-Encoding (RFC 9112 §6.3: the two readings of its body are how a request is
   smuggled), and a request line + headers over ``MAX_HEAD_BYTES`` (431) even when they
   arrive complete in one read, which h11's own bound (an unfinished head) lets through;
-- answers these protocol-level refusals, and h11's own, in the error envelope.
+- answers these protocol-level refusals, and h11's own, in the error envelope;
+- at the drain (SIGTERM), closes every upload stalled for ``FRESH_S`` (its request sees a
+  disconnect: 499 at info, like a client that left) at once and an upload that stalls
+  later as soon as it has been quiet that long, so stalled bodies never hold the drain
+  until its bound (where uvicorn would cancel them: a plain-text 500); uploads still
+  receiving bytes and requests being answered finish.
 
 Requests in flight are bounded by the app (``app.api.middleware.InFlightLimitMiddleware``),
 idle keep-alive connections by ``timeout_keep_alive``; the body's deadline is the body
@@ -184,6 +189,26 @@ class GuardedH11Protocol(H11Protocol):
                 len(self.connections),
                 self.max_connections,
             )
+
+    # ------------------------------------------------------------------ drain
+    def shutdown(self) -> None:
+        """uvicorn's start of the drain for this connection, plus: a stalled upload is
+        closed (see :meth:`_close_if_stalled`)."""
+        super().shutdown()
+        if self.is_uploading():
+            self._close_if_stalled()
+
+    def _close_if_stalled(self) -> None:
+        """Close this upload once it has sent nothing for ``FRESH_S`` (its request sees a
+        disconnect, counted and logged as 499); look again when it may have."""
+        if not self.is_uploading():
+            return
+        quiet = self.loop.time() - self.bytes_at
+        if quiet >= FRESH_S:
+            log.info("draining: closed an upload stalled for %.1f s", quiet)
+            self.transport.close()
+        else:
+            self.loop.call_later(FRESH_S - quiet, self._close_if_stalled)
 
     # ------------------------------------------------------------------ head deadline
     def _arm_header_timer(self) -> None:

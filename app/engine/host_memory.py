@@ -14,7 +14,11 @@ Two policies, chosen once per process before its threads start:
   one heap (no per-block mappings, one arena, no automatic trim), so one forward's freed
   pages serve the next; :func:`release_free_memory` (``malloc_trim``) gives every free page
   back, which the model worker calls once it has been idle that many seconds, and the
-  decode after a large body or image. What a burst leaves held is then what it was.
+  decode after a large body or image. A worker under steady traffic is never idle, so
+  :class:`ReleaseSchedule` also releases after a batch once ``LAD_HOST_MEMORY_TRIM_EVERY_S``
+  and 8 batches have passed since the last release, or at once when resident memory rose
+  ``LAD_HOST_MEMORY_TRIM_ABOVE_MB`` above what it was after that release: what a burst
+  leaves held is returned within seconds whether or not traffic stops.
 * :func:`map_blocks_apart` (``LAD_HOST_MEMORY_RETAIN_S=0``): blocks from a size on are mapped
   apart and go back the moment they are freed, at the cost of those page faults.
 
@@ -27,6 +31,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,78 @@ def release_free_memory() -> bool:
     glibc released some."""
     libc = _glibc()
     return libc is not None and bool(libc.malloc_trim(0))
+
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * PAGE_BYTES
+    except OSError:
+        return 0
+
+
+RELEASE_MIN_BATCHES = 8
+"""Batches between two scheduled releases at least: at most one forward in this many pays
+the page faults a release costs, however long the forwards take."""
+
+
+class ReleaseSchedule:
+    """When the model worker gives the memory its forwards freed back to the OS while busy.
+
+    Retention pays off because one forward's freed pages serve the next; releasing after
+    every batch would fault them in again each time. So under traffic the release is rare:
+    after a batch once ``every_s`` seconds and ``min_batches`` batches have passed since the
+    last release (the forward after a release faults its pages in again: at most one in
+    ``min_batches`` pays), or at once when resident memory stands ``above_bytes`` above
+    where the last release left it (a burst of large requests is not held until the next
+    period; set it above one forward's working set, or every batch releases).
+    :meth:`release` is the idle release too, so both paths restart the same period. Runs on
+    the worker thread only (no lock)."""
+
+    def __init__(
+        self,
+        every_s: float,
+        above_bytes: int,
+        *,
+        min_batches: int = RELEASE_MIN_BATCHES,
+        release: Callable[[], object] = release_free_memory,
+        clock: Callable[[], float] = time.monotonic,
+        resident: Callable[[], int] = rss_bytes,
+    ) -> None:
+        if every_s <= 0 or above_bytes <= 0 or min_batches < 1:
+            raise ValueError("every_s and above_bytes must be > 0, min_batches >= 1")
+        self.every_s = every_s
+        self.above_bytes = above_bytes
+        self.min_batches = min_batches
+        self._release = release
+        self._clock = clock
+        self._resident = resident
+        self._last = clock()
+        self._floor = resident()
+        self._batches = 0
+        self.releases = 0
+
+    def release(self) -> None:
+        """Give the free pages back now and restart the period from here."""
+        self._release()
+        self.releases += 1
+        self._last = self._clock()
+        self._floor = self._resident()
+        self._batches = 0
+
+    def after_batch(self) -> bool:
+        """Release when the period has passed or resident memory grew past the trigger;
+        True when it did."""
+        self._batches += 1
+        due = self._batches >= self.min_batches and self._clock() - self._last >= self.every_s
+        if not due and self._resident() - self._floor < self.above_bytes:
+            return False
+        self.release()
+        return True
 
 
 POLICIES = ("retain", "map_apart", "glibc")

@@ -10,12 +10,19 @@ request runs carries its request id, so a request can be followed through the lo
 
 ``LAD_LOG_FORMAT=json`` writes one JSON object per line (for log collectors); ``text``
 writes ``time level logger: message key=value ...`` for people.
+
+No value can forge a line or drive a terminal, whoever logs it: both formatters escape every
+control character (C0 with ESC, DEL, C1 with NEL U+0085 and CSI U+009B), the line and
+paragraph separators U+2028/U+2029 and the bidirectional overrides, in the message, every
+field and the traceback, so ``str.splitlines()`` of what one record wrote gives one line
+(text: a traceback's own lines follow indented, never as a line of their own).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -167,6 +174,30 @@ MAX_LOG_FIELDS = 64
 """Most key=value fields of one line (ours have about fifteen)."""
 
 
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a log line never carries raw: C0 (newlines, ESC of ANSI sequences), DEL, C1 (NEL,
+CSI), the Unicode line and paragraph separators and the bidirectional controls."""
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""The part of ``_UNSAFE`` that ``json.dumps(ensure_ascii=False)`` leaves raw (it escapes C0)."""
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character of ``_UNSAFE`` written as its escape (``\\x1b``,
+    ``\\u2028``): what a text log line carries of any value."""
+    return _UNSAFE.sub(_escape_char, text)
+
+
+def _json_escape(line: str) -> str:
+    """A JSON line with the characters json leaves raw written as ``\\uXXXX`` (they occur
+    only inside strings, so the line stays the same JSON)."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
 def _extra(record: logging.LogRecord) -> dict[str, Any]:
     """The record's fields, each string cut to ``ECHO_CHARS`` (they echo client values:
     the HTTP method, a profile name, the labels)."""
@@ -208,9 +239,9 @@ class JsonFormatter(logging.Formatter):
             body["exception"] = _clip_middle(
                 self.formatException(record.exc_info), MAX_LOG_EXCEPTION_CHARS
             )
-        line = json.dumps(body, default=str, ensure_ascii=False)
+        line = _json_escape(json.dumps(body, default=str, ensure_ascii=False))
         short = {**head, "message": _clip_middle(message, 2000), "cut_bytes": len(line)}
-        return _bounded(line, json.dumps(short, default=str, ensure_ascii=False))
+        return _bounded(line, _json_escape(json.dumps(short, default=str, ensure_ascii=False)))
 
 
 class TextFormatter(logging.Formatter):
@@ -220,12 +251,17 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if len(message) > MAX_LOG_MESSAGE_CHARS:
-            record.msg, record.args = _clip_middle(message), None
-        line = super().format(record)
-        extra = " ".join(f"{k}={v}" for k, v in _extra(record).items())
+        record.message = escape_controls(_clip_middle(record.getMessage()))
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        extra = " ".join(
+            f"{escape_controls(k)}={escape_controls(v) if isinstance(v, str) else v}"
+            for k, v in _extra(record).items()
+        )
         line = f"{line} {extra}" if extra else line
+        if record.exc_info:  # each of its lines escaped and indented: none reads as a record
+            trace = _clip_middle(self.formatException(record.exc_info), MAX_LOG_EXCEPTION_CHARS)
+            line += "".join(f"\n    {escape_controls(t)}" for t in trace.splitlines())
         return _bounded(line, _clip_middle(line, MAX_LOG_LINE_BYTES // 4))
 
 

@@ -55,6 +55,8 @@ from lad_client.vocabulary import IGNORED_RERANK_FIELDS
 
 prometheus_client.disable_created_metrics()
 
+STORE_WRITE_DROP_REASONS = ("queue_full", "store_error", "paused")
+"""Why an evidence write was dropped (``app.service.evidence_writes``)."""
 STORE_OPERATIONS: tuple[str, ...] = (
     "get",
     "put",
@@ -293,6 +295,15 @@ class Metrics:
         )
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation=operation)
+        self.store_writes_dropped = Counter(
+            "lad_store_writes_dropped",
+            "Evidence writes dropped without waiting for the store (queue_full: the store is "
+            "slow; store_error: the write failed; paused: a write failed lately)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in STORE_WRITE_DROP_REASONS:
+            self.store_writes_dropped.labels(reason=reason)
         self.store_degraded = Gauge(
             "lad_store_degraded",
             "1 while the store is unreachable and the replica serves its cached profiles, else 0",

@@ -6,24 +6,19 @@ online store's calls, a profile's online status. The feedback and refresh handle
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
-from starlette.concurrency import run_in_threadpool
 
 from app import errors
+from app.service.evidence_writes import EvidenceWrites
 from app.service.profile_service import ProfileService
 from app.settings import Settings
-from calibration_store import Evidence, OnlineStore, Profile, ProfileKey, StoreError
+from calibration_store import Evidence, OnlineStore, Profile, ProfileKey
 from calibration_store.evidence import FeedbackSnapshot
 from lad_client.types import ProfileSummary
 
 log = logging.getLogger(__name__)
-
-EVIDENCE_PAUSE_S = 5.0
-"""After the store failed to take a request's evidence, retrievals skip the evidence cache
-this long (they stay fast while the store is down; those requests get no feedback)."""
 
 
 def raw_drift(snap: FeedbackSnapshot, profile: Profile) -> dict[str, Any] | None:
@@ -55,7 +50,7 @@ class OnlineService:
         self.settings = settings
         self.profiles = profiles
         self.online = online
-        self._skip_until = 0.0
+        self.writes = EvidenceWrites(online, self.metrics)
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """An online-store call off the event loop, store errors translated (by
@@ -71,25 +66,21 @@ class OnlineService:
         scores: Any,
         attention: Any,
     ) -> None:
-        """Keep a retrieval's evidence for feedback. Never fails the retrieval: a store that
-        cannot take it is logged (that request just cannot receive feedback).
+        """Keep a retrieval's evidence for feedback without waiting on the store: queued
+        (``EvidenceWrites``); a store that cannot take it costs that request its feedback
+        (answered 503 with the store's reason), never the retrieval its time.
 
         Only for a profile that exists (the replica's copy, no store call): a client may
         name any (profile, labels, N) on a vanilla retrieve, and statistics kept per name
         it invents would grow without bound (feedback on them is refused anyway)."""
-        if request_id is None or time.monotonic() < self._skip_until:
-            return
-        if self.profiles.peek(key) is None:
+        if request_id is None or self.profiles.peek(key) is None:
             return
         try:
             evidence = Evidence.of(key, version, scores, attention)
-            await run_in_threadpool(self.online.put_evidence, request_id, evidence)
-        except StoreError as exc:
-            # a store that is down would cost every retrieval its timeout: pause the cache
-            self._skip_until = time.monotonic() + EVIDENCE_PAUSE_S
-            log.warning("evidence not kept (paused %g s): %s", EVIDENCE_PAUSE_S, exc)
         except ValueError as exc:
             log.warning("evidence of request %s not kept: %s", request_id, exc)
+            return
+        self.writes.offer(request_id, evidence)
 
     # ------------------------------------------------------------------ status
     def _status(self, key: ProfileKey, profile: Profile) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from app import errors
 from app.engine.batcher import Batcher, BatcherStopped, QueueFull
-from app.engine.host_memory import release_free_memory
+from app.engine.host_memory import ReleaseSchedule
 from app.engine.interface import PromptTooLongError, RetrievalItem, RunnerLike
 from app.engine.labels import LabelSpec
 from app.observability import tracing
@@ -64,13 +64,21 @@ class ModelWorker:
     def __init__(self, runner: RunnerLike, settings: Settings, metrics: Metrics) -> None:
         self.runner = runner
         self.metrics = metrics
+        # retention: freed memory goes back when idle and, under traffic, on this schedule
+        self.release = (
+            ReleaseSchedule(
+                settings.host_memory_trim_every_s, int(settings.host_memory_trim_above_mb * 2**20)
+            )
+            if settings.host_memory_retain_s > 0
+            else None
+        )
         self.batcher: Batcher[Work, WorkResult] = Batcher(
             self.forward_batch,
             max_batch_size=settings.max_batch_size,
             max_wait_ms=settings.max_wait_ms,
             max_queue=settings.max_queue,
             name="lad-model-worker",
-            on_idle=release_free_memory if settings.host_memory_retain_s > 0 else None,
+            on_idle=self.release.release if self.release else None,
             idle_after_s=settings.host_memory_retain_s or 1.0,
         )
         self._batch_ids = itertools.count(1)
@@ -121,6 +129,8 @@ class ModelWorker:
                     prompt_tokens=tokens[j],
                     process_ms=float(out.timings_ms.get("process", 0.0)),
                 )
+        if self.release is not None:
+            self.release.after_batch()
         return [r for r in results if r is not None]
 
     async def run(self, works: Sequence[Work], *, bulk: bool) -> list[WorkResult]:

@@ -8,7 +8,12 @@ reports per forward its wall time, system CPU time and minor page faults, then i
 memory after the forwards and after ``release_free_memory`` (what the idle worker returns).
 Policies (``app.engine.host_memory``): ``retain`` (the service's default), ``map_apart``
 (``LAD_HOST_MEMORY_RETAIN_S=0``, the service's policy before) and ``glibc`` (glibc's own
-defaults, which the in-process benchmarks ran under). Paired ratios are per round, each
+defaults, which the in-process benchmarks ran under), and ``retain_scheduled``: retention
+with the busy worker's release schedule (``ReleaseSchedule`` after every forward, inside its
+timed wall, as the model worker runs it; ``--trim-every-s``, ``--trim-above-mb``,
+``--trim-min-batches``), which shows what releasing under traffic costs the retention's
+gain (``--trim-every-s 0.001 --trim-min-batches 1``: a release after every forward, the
+price of one release on each). Paired ratios are per round, each
 policy's median forward over ``map_apart``'s.
 """
 
@@ -32,6 +37,8 @@ from lad_lab.bench.engine_setup import DEVICE, QUERY, build, model_options, reco
 from lad_lab.bench.results import MIB, device_name, rss_bytes, write_record
 
 BASE = "map_apart"
+SCHEDULED = "retain_scheduled"
+BENCH_POLICIES = (*host_memory.POLICIES, SCHEDULED)
 
 
 def child(args: Any) -> dict[str, Any]:
@@ -51,12 +58,21 @@ def child(args: Any) -> dict[str, Any]:
         for f in range(args.forwards + 1)
     ]
     rows: list[dict[str, float]] = []
+    schedule = (
+        host_memory.ReleaseSchedule(
+            args.trim_every_s, int(args.trim_above_mb * MIB), min_batches=args.trim_min_batches
+        )
+        if args.child == SCHEDULED
+        else None
+    )
 
     def work() -> None:  # on a thread, as the model worker runs them
         for items in batches:
             before = resource.getrusage(resource.RUSAGE_SELF)
             start = time.perf_counter()
             runner.forward(items)
+            if schedule is not None:
+                schedule.after_batch()
             wall = time.perf_counter() - start
             after = resource.getrusage(resource.RUSAGE_SELF)
             rows.append(
@@ -78,6 +94,7 @@ def child(args: Any) -> dict[str, Any]:
         "rss_after_forwards_mib": rss_busy,
         "rss_after_release_mib": rss_bytes() / MIB,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "scheduled_releases": schedule.releases if schedule else 0,
     }
 
 
@@ -153,9 +170,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies",
         default=",".join(host_memory.POLICIES),
-        help=f"comma list of {', '.join(host_memory.POLICIES)}",
+        help=f"comma list of {', '.join(BENCH_POLICIES)}",
     )
-    parser.add_argument("--child", choices=host_memory.POLICIES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--trim-every-s", type=float, default=5.0, help=f"{SCHEDULED}: release period (s)"
+    )
+    parser.add_argument(
+        "--trim-above-mb", type=float, default=1024, help=f"{SCHEDULED}: release trigger (MiB)"
+    )
+    parser.add_argument(
+        "--trim-min-batches",
+        type=int,
+        default=host_memory.RELEASE_MIN_BATCHES,
+        help=f"{SCHEDULED}: forwards between releases at least (1: after every forward, "
+        "the worst case)",
+    )
+    parser.add_argument("--child", choices=BENCH_POLICIES, help=argparse.SUPPRESS)
     parser.add_argument(
         "--out", help="record path (default bench/results/host_memory_<model>.json)"
     )
@@ -164,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     DEVICE.update(device=args.device, dtype=args.dtype, width=args.width)
     if args.child:
-        host_memory.apply(args.child)  # first: before torch starts its threads
+        # first: before torch starts its threads
+        host_memory.apply("retain" if args.child == SCHEDULED else args.child)
         print(json.dumps(child(args)))
         return 0
     args.policies = args.policies.split(",")
-    unknown = set(args.policies) - set(host_memory.POLICIES)
+    unknown = set(args.policies) - set(BENCH_POLICIES)
     if unknown:
         parser.error(f"unknown policies {sorted(unknown)}")
     load_start = os.getloadavg()[0]
@@ -184,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "n": args.n,
         "side": args.side,
+        "schedule": {
+            "trim_every_s": args.trim_every_s,
+            "trim_above_mb": args.trim_above_mb,
+            "trim_min_batches": args.trim_min_batches,
+        },
         **result,
     }
     record["table"] = render(record)

@@ -9,14 +9,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
+from app.engine.host_memory import rss_bytes as rss_bytes  # one definition, for the lab
+
 MIB = 2**20
-
-
-def rss_bytes() -> int:
-    """This process's resident set now (what the benchmarks' memory figures read)."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE
 
 
 def write_record(path: str | Path, record: dict[str, Any]) -> Path:

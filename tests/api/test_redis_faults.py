@@ -3,6 +3,7 @@ while requests flow, started while Redis is down, and recovering without a resta
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -336,3 +337,80 @@ def test_readiness_finds_failing_writes_without_a_write_by_its_probe(
     admin.config_set("maxmemory", "0")
     _wait_for(lambda: _writes(client)[1]["store"]["writes"] == "ok", 12)
     admin.close()
+
+
+# ---------------------------------------------------------------- Redis off the request path
+def test_a_cached_profile_retrieve_never_waits_on_a_stalled_redis(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
+    """The evidence write is queued (issue 41 item 6): with Redis stopped (SIGSTOP: the
+    socket open, no replies for the 2 s timeout) agd retrieves answer at their usual speed,
+    and the writes that could not wait are dropped and counted."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix)
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    body = retrieve_body(items[0])
+    _, usual = _timed(lambda: client.post("/v1/retrieve", json=body))
+    redis_server.signal(signal.SIGSTOP)
+    try:
+        for _ in range(4):
+            response, seconds = _timed(lambda: client.post("/v1/retrieve", json=body))
+            assert response.status_code == 200, response.text
+            assert seconds < usual + 1.0, (seconds, usual)
+        # one write waits its 2 s timeout and fails; the three queued behind it are
+        # dropped with it (paused), not written one timeout each
+        _wait_for(lambda: _dropped(client) >= 4, 6)
+        assert _metric(client, "lad_store_writes_dropped_total", reason="store_error") == 1
+    finally:
+        redis_server.signal(signal.SIGCONT)
+
+
+def _dropped(client: Any) -> float:
+    return sum(
+        _metric(client, "lad_store_writes_dropped_total", reason=reason) or 0
+        for reason in ("queue_full", "store_error", "paused")
+    )
+
+
+def test_feedback_for_a_retrieve_made_while_redis_was_read_only_is_503(
+    make_client, redis_server, items, calibrate_json, redis_prefix
+):
+    """A read-only Redis (a replica of a master that is not there) keeps the request's
+    evidence out: its feedback says so, 503 with the store's reason, not 404."""
+    redis_server.start()
+    client = make_client(store_url=redis_server.url, store_key_prefix=redis_prefix)
+    assert client.post("/v1/calibrate", json=calibrate_json).status_code == 200
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("replica-read-only", "yes")
+    admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+    try:
+        retrieved = client.post("/v1/retrieve", json=retrieve_body(items[0]))
+        assert retrieved.status_code == 200
+        request_id = retrieved.json()["request_id"]
+        feedback = client.post("/v1/feedback", json={"request_id": request_id, "answer": 0})
+        assert feedback.status_code == 503, feedback.text
+        error = feedback.json()["error"]
+        assert error["code"] == "store_unavailable" and "read only" in error["message"]
+        assert _metric(client, "lad_store_writes_dropped_total", reason="store_error") == 1
+        unknown = client.post("/v1/feedback", json={"request_id": "never-served", "answer": 0})
+        assert unknown.status_code == 404  # an id this replica never dropped: still unknown
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+        admin.close()
+
+
+def test_a_wrong_password_is_retried_with_backoff(make_client, redis_server, caplog):
+    """Degraded start as documented, then reconnection attempts spaced by an exponential
+    backoff with jitter, one warning each: 0.5 s apart on main (about 16 in 8 s)."""
+    redis_server.start()
+    admin = redis.Redis(port=redis_server.port)
+    admin.config_set("requirepass", "right")
+    admin.close()
+    with caplog.at_level(logging.WARNING, logger="calibration_store"):
+        client = make_client(store_url=redis_server.url, store_poll_s=0.5)
+        assert client.get("/readyz").json()["store"]["status"] == "degraded"
+        time.sleep(8)
+    lost = [r for r in caplog.records if r.name == "calibration_store.redis_listener"]
+    assert 3 <= len(lost) <= 6, [r.getMessage() for r in lost]
+    waits = [float(r.getMessage().split("reconnecting in ")[1].split(" s")[0]) for r in lost]
+    assert waits == sorted(waits) and waits[-1] >= 2 * waits[0], waits

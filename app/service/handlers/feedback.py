@@ -242,8 +242,15 @@ class Feedback(Handler):
     async def decode(self, ctx: FeedbackContext) -> None:
         """The evidence the request id names (404 once expired) and the answer within N."""
         request_id, answer = self._body(ctx).request_id, self._body(ctx).answer
+        await self.online.writes.settled(request_id)  # a write still queued on this replica
         ctx.evidence = await self.online.call(self.online.online.get_evidence, request_id)
         if ctx.evidence is None:
+            why = self.online.writes.lost(request_id)
+            if why is not None:  # the store's fault, not the client's: say which
+                raise errors.StoreUnavailable(
+                    f"the evidence of request {request_id!r} was not kept: {why}; feedback "
+                    "for it cannot be counted"
+                )
             raise errors.RequestNotFound(
                 f"no evidence for request {request_id!r}: unknown, or older than "
                 f"{self.pipeline.settings.evidence_ttl_s:g} s (LAD_EVIDENCE_TTL_S)"

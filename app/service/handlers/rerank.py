@@ -179,7 +179,7 @@ class Rerank(Handler):
                 f"model {model[:200]!r} is not served here; this service serves "
                 f"{pipeline.model_id!r} (GET /v1/models)"
             )
-        logs.note(method=options.method, n=n, profile=options.profile, labels=options.labels)
+        logs.note(method=options.method, n=n, profile=options.profile)
         self._ignore(ctx.ignored)
         limit = pipeline.settings.max_rerank_candidates
         if n < 1:
@@ -247,6 +247,7 @@ class Rerank(Handler):
                 f"{pipeline.settings.max_request_pixels}: send smaller images or a smaller window"
             )
         ctx.labels = {size: pipeline.labels(size, options.labels, "window") for size in needed}
+        logs.note(labels=options.labels)  # once valid: a refused value is never logged
 
         def refuse(missing: list[int]) -> errors.ServiceError:
             return errors.CalibrationRequired(

@@ -86,14 +86,12 @@ class Retrieve(Handler):
         then the images off the event loop."""
         options, pipeline = self._options(ctx), self.pipeline
         logs.note(
-            method=options.method,
-            requested_method=options.method,
-            n=ctx.n,
-            profile=options.profile,
-            labels=options.labels if isinstance(options.labels, str) else "custom",
+            method=options.method, requested_method=options.method, n=ctx.n, profile=options.profile
         )
         pipeline.decoder.query(ctx.query)
         ctx.labels[ctx.n] = pipeline.labels(ctx.n, options.labels, "images")
+        # logged once valid: a refused value is named by its error, never in the log
+        logs.note(labels=options.labels if isinstance(options.labels, str) else "custom")
         body_limit = ("LAD_MAX_BODY_BYTES", pipeline.settings.max_body_bytes)
         [ctx.inputs] = await pipeline.fetch(ctx, [("images", ctx.inputs)], body_limit)
         async with pipeline.decoder.slot():

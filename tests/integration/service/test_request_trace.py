@@ -23,16 +23,18 @@ from lad_lab.demo.world import RetrievalExample, make_items
 from tests.api.helpers import calibration_body, retrieve_body
 from tests.integration.service.tracing import Trace, traced
 
-MAX_FILES = 34
-"""Project files one agd retrieve crosses: exactly 34 (38 before the stage runner, 36 once
+MAX_FILES = 36
+"""Project files one agd retrieve crosses: exactly 36 (38 before the stage runner, 36 once
 the encoder cache joined; then label scoring became one module, the prompt text joined the
 labels, the Qwen pixel inputs one module, the body limits resolved when the guard is built,
 and a forwarder went: 30; then three jobs the request path did not have joined it: the
 trace spans (``app/observability/tracing.py``), the client's disconnect and deadline
 (``app/api/lifetime.py``, which asks the wire table, ``lad_client/routes.py``, whether the
 route takes ``X-Request-Timeout``), and the request's id and stage apart from the error
-taxonomy (``app/observability/request_context.py``)). The engine and the model family
-account for 10 of them."""
+taxonomy (``app/observability/request_context.py``); then two from the hardening: the
+release of freed memory after a batch (``app/engine/host_memory.py``) and the feedback
+evidence written off the request path (``app/service/evidence_writes.py``)). The engine
+and the model family account for 11 of them."""
 
 
 @pytest.fixture(scope="module")
