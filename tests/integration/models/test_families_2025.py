@@ -196,7 +196,7 @@ def test_lad_serve_serves_gemma3_from_its_checkpoint_directory(
             result = answer.json()
             assert result["model"] == directory.name and len(result["probabilities"]) == 3
             assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-6)
-        assert f"model type {family} ({ADAPTERS[family].__name__})" in service.log()
+        assert f"model type {family} ({ADAPTERS[family].__name__}, saved as" in service.log()
 
 
 def test_gemma3_capture_path_keeps_the_bidirectional_image_mask() -> None:
