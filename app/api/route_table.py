@@ -15,26 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lad_client import routes as wire_routes
-from lad_client.types import (
-    CalibrateRequest,
-    CalibrateResponse,
-    FeedbackRequest,
-    FeedbackResponse,
-    Health,
-    ModelList,
-    ProfileDeleted,
-    ProfileList,
-    ProfileRolledBack,
-    ProfileSummary,
-    Readiness,
-    RefreshResponse,
-    RerankOptions,
-    RerankRequest,
-    RerankResponse,
-    RetrieveOptions,
-    RetrieveRequest,
-    RetrieveResponse,
-)
+from lad_client import types as wire_types
 
 SMALL_BODY_BYTES = 64 * 1024
 """Body limit of every route whose ``body_limit`` is None (the routes that take no body)."""
@@ -51,29 +32,13 @@ a route not listed takes at most SMALL_BODY_BYTES."""
 
 
 MODELS: dict[str, Any] = {
-    model.__name__: model
-    for model in (
-        CalibrateRequest,
-        CalibrateResponse,
-        FeedbackRequest,
-        FeedbackResponse,
-        Health,
-        ModelList,
-        ProfileDeleted,
-        ProfileList,
-        ProfileRolledBack,
-        ProfileSummary,
-        Readiness,
-        RefreshResponse,
-        RerankOptions,
-        RerankRequest,
-        RerankResponse,
-        RetrieveOptions,
-        RetrieveRequest,
-        RetrieveResponse,
-    )
+    name: getattr(wire_types, name)
+    for route in wire_routes.ROUTES
+    for name in (route.request, route.response, route.form_options)
+    if name
 }
-"""The wire models the table names, by class name (read once, when the table is built)."""
+"""The wire models the table names, by class name (resolved once, when the table is built:
+a name the client's types lack fails at import, never on a request)."""
 
 
 @dataclass(frozen=True)
