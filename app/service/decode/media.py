@@ -29,7 +29,7 @@ import httpcore
 import httpx
 
 from app import errors
-from app.budget import ByteBudget
+from app.budget import ACCOUNT, Account, ByteBudget
 from app.observability.metrics import Metrics
 from app.service.decode.decoder import ImageInput, is_url
 from app.service.decode.media_policy import IPAddress, MediaPolicy, Refused
@@ -107,8 +107,10 @@ class Fetched:
     request ends) and the request's running total, within its limit."""
 
     def __init__(self, budget: ByteBudget, limit: int, limit_name: str) -> None:
-        self.budget, self.limit, self.limit_name = budget, limit, limit_name
-        self.held = 0  # reserved in the budget
+        self.limit, self.limit_name = limit, limit_name
+        # the request's own account (one per request); an account of its own outside one
+        self.account = ACCOUNT.get() or Account(budget)
+        self.held = 0  # charged to the account
         self.total = 0  # bytes received
 
     async def charge(self, n: int, what: str) -> None:
@@ -124,10 +126,10 @@ class Fetched:
             step = max(self.total - self.held, RESERVE_STEP)
             # an entry, like the body it stands in for: within capacity - headroom, so the
             # request's pixels still fit once its images arrive
-            self.held += await self.budget.areserve(step, what, kind="entry")
+            self.held += await self.account.admit(step, what)
 
     def release(self) -> None:
-        self.budget.release(self.held)
+        self.account.give_back(self.held)
         self.held = 0
 
 
